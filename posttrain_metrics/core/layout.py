@@ -1,0 +1,439 @@
+"""The packed state of a window and its one merge.
+
+A :class:`Layout` is derived from the adapters alone, so every rank lays out the same two float64
+buffers whatever it observed: a SUM buffer (sums, counts, weights, presence, one-hot labels, error
+counts) and a MAX buffer (maxima, negated minima, type ranks, the worst error). :func:`merge` adds
+the one and maxes the other; it is exactly what one ``all_reduce(SUM)`` and one ``all_reduce(MAX)``
+compute, so the in-process simulation of ranks and torch.distributed share the arithmetic.
+:meth:`Layout.read` turns a merged state into public figures and raises the producer bugs the
+buffers carry, identically on every rank.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .adapter import Metric, MetricAdapter
+from .errors import MetricsError
+from .reduction import Reduction
+from .values import BadValue, Scalar, to_scalar
+
+__all__ = ["Layout", "PackedState", "merge"]
+
+NEG_INF = float("-inf")
+
+# Type ranks travel in the MAX buffer: the widest type seen wins.
+_BOOL, _INT, _FLOAT = 0.0, 1.0, 2.0
+
+# (SUM slots, MAX slots) after the common presence slot, by reduction.
+_SLOTS: dict[Reduction, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    Reduction.WEIGHTED_MEAN: (("vw", "w"), ()),
+    Reduction.SUM: (("sum",), ("type",)),
+    Reduction.MAX: (("nan",), ("max", "type")),
+    Reduction.MIN: (("nan",), ("negmin", "type")),
+    Reduction.MEAN: (("sum", "n"), ()),
+    Reduction.LAST: (("sum", "nan"), ("max", "negmin", "type")),
+    Reduction.POOLED_STD: (("n", "nm", "nss"), ()),
+    Reduction.CATEGORICAL: ((), ()),  # one-hot slots, one per label, follow presence
+}
+
+
+class Code:
+    """Producer-bug codes; a higher code is reported first when several ranks fail."""
+
+    UNKNOWN_KEY = 1
+    BAD_VALUE = 2
+    BAD_LABEL = 3
+    BAD_WEIGHT = 4
+    MISSING_PARTNER = 5
+    PARTIAL_FAMILY = 6
+
+    TEXT = {
+        UNKNOWN_KEY: "an undeclared source name",
+        BAD_VALUE: "a value that is not a number",
+        BAD_LABEL: "a label outside the declared set",
+        BAD_WEIGHT: "a negative or non-finite weight",
+        MISSING_PARTNER: "a weighted value without its weight in the same chunk",
+        PARTIAL_FAMILY: "a partial all-or-nothing family",
+    }
+
+
+_KEY_BITS = 2**20
+_CODE_BITS = 2**40
+
+
+@dataclasses.dataclass(frozen=True)
+class _Key:
+    index: int
+    source: str
+    adapter: MetricAdapter
+    metric: Metric
+    s: int  # offset of presence in the SUM buffer; the reduction's SUM slots follow
+    m: int  # offset of the reduction's MAX slots
+    weight: str | None  # source name of the weight or count
+    mean: str | None  # source name of the pooled std's mean
+
+    @property
+    def reduction(self) -> Reduction:
+        return self.metric.reduction
+
+    def public(self, phase: str) -> str:
+        return f"{self.metric.namespace or phase}/{self.metric.leaf}"
+
+
+@dataclasses.dataclass
+class PackedState:
+    """The two buffers of one rank's window (or of several ranks merged)."""
+
+    sum: list[float]
+    max: list[float]
+    errors: dict[int, str] = dataclasses.field(default_factory=dict)
+    """Full local messages by encoded error, for the rank that saw them (not merged)."""
+
+
+def merge(a: PackedState, b: PackedState) -> PackedState:
+    """The one associative, commutative merge: SUM buffers add, MAX buffers take the maximum."""
+    return PackedState(
+        [x + y for x, y in zip(a.sum, b.sum)],
+        [x if x >= y else y for x, y in zip(a.max, b.max)],
+        {**a.errors, **b.errors},
+    )
+
+
+class Layout:
+    """Fixed slots for every declared key of a set of adapters."""
+
+    # Global slots. SUM: ranks that added a chunk, ranks with an error. MAX: worst error, step and
+    # phase (with negations, so a disagreement between ranks shows as max != min).
+    ACTIVE, ERROR_RANKS = 0, 1
+    WORST, STEP, NEG_STEP, PHASE, NEG_PHASE = 0, 1, 2, 3, 4
+
+    def __init__(self, adapters: Sequence[MetricAdapter]) -> None:
+        self.adapters = tuple(adapters)
+        self.keys: dict[str, _Key] = {}
+        self.ignored: frozenset[str] = frozenset().union(*(a.ignored for a in self.adapters))
+        owner: dict[str, str] = {}
+        published: dict[tuple[str | None, str], str] = {}
+        s, m = 2 + len(self.adapters), 5
+        for adapter in self.adapters:
+            for source, metric in adapter.metrics.items():
+                if source in owner or (source in self.ignored and source not in adapter.ignored):
+                    raise MetricsError(
+                        f"source name {source!r} of adapter {adapter.name!r} is also declared or "
+                        "ignored by another adapter of the same reduction; fix: combine adapters "
+                        "whose source names are disjoint"
+                    )
+                name = (metric.namespace, metric.leaf)
+                if name in published:
+                    raise MetricsError(
+                        f"adapters {published[name]!r} and {adapter.name!r} both publish "
+                        f"{metric.namespace or '<phase>'}/{metric.leaf}; fix: reduce them separately"
+                    )
+                owner[source], published[name] = adapter.name, adapter.name
+                sum_slots, max_slots = _SLOTS[metric.reduction]
+                key = _Key(
+                    index=len(self.keys) + 1,
+                    source=source,
+                    adapter=adapter,
+                    metric=metric,
+                    s=s,
+                    m=m,
+                    weight=adapter.source_of_leaf(metric.weight) if metric.weight else None,
+                    mean=adapter.source_of_leaf(metric.mean) if metric.mean else None,
+                )
+                self.keys[source] = key
+                s += 1 + len(sum_slots) + len(metric.labels)
+                m += len(max_slots)
+        self.sum_size, self.max_size = s, m
+        self.families = [
+            (adapter_index, tuple(sources))
+            for adapter_index, adapter in enumerate(self.adapters)
+            for sources in adapter.families.values()
+        ]
+        self._adapter_index = {a.name: i for i, a in enumerate(self.adapters)}
+        spec = [
+            (k.source, k.metric.leaf, k.reduction.value, k.weight, k.mean, k.metric.labels,
+             k.metric.namespace, k.metric.family)
+            for k in self.keys.values()
+        ]
+        digest = hashlib.sha256(repr(spec).encode()).hexdigest()
+        self.fingerprint = float(int(digest[:13], 16))  # 52 bits: exact in float64
+
+    # -- one rank ------------------------------------------------------------------------------
+
+    def empty(self) -> PackedState:
+        return PackedState([0.0] * self.sum_size, [NEG_INF] * self.max_size)
+
+    def accumulate(
+        self, chunks: Sequence[Mapping[str, Any]], *, rank: int = 0, step: int = 0, phase: str = "train"
+    ) -> PackedState:
+        """The packed state of one rank's window. Producer bugs are recorded, not raised, so that
+        the rank still joins the collectives and every rank raises together in :meth:`read`."""
+        state = self.empty()
+        S, M = state.sum, state.max
+        M[self.STEP], M[self.NEG_STEP] = float(step), -float(step)
+        phase_id = float(phase == "val")
+        M[self.PHASE], M[self.NEG_PHASE] = phase_id, -phase_id
+        last: dict[str, Scalar] = {}
+
+        def fail(code: int, key: _Key | None, message: str) -> None:
+            encoded = code * _CODE_BITS + (key.index if key else 0) * _KEY_BITS + rank
+            state.errors.setdefault(encoded, f"rank {rank}: {message}")
+
+        for c, chunk in enumerate(chunks):
+            values: dict[str, Scalar] = {}
+            for source, raw in chunk.items():
+                key = self.keys.get(source)
+                if key is None:
+                    if source not in self.ignored:
+                        fail(Code.UNKNOWN_KEY, None, self._unknown(source))
+                    continue
+                try:
+                    if isinstance(raw, BadValue):
+                        raise raw
+                    values[source] = to_scalar(raw)
+                except BadValue as exc:
+                    fail(Code.BAD_VALUE, key, f"{self._where(key, c)} got {exc}")
+            for adapter_index, family in self.families:
+                present = [s for s in family if s in chunk]
+                if present and len(present) != len(family):
+                    missing = sorted(set(family) - set(present))
+                    key = self.keys[present[0]]
+                    fail(
+                        Code.PARTIAL_FAMILY, key,
+                        f"chunk {c} carries {sorted(present)} without {missing}; these keys are "
+                        "emitted all together or not at all (a partial record is a producer bug); "
+                        "fix: emit the whole family, with zero weight when there is no data",
+                    )
+            for source, value in values.items():
+                key = self.keys[source]
+                try:
+                    self._add(key, value, values, chunk, S, M, last)
+                except _Reject as exc:
+                    fail(exc.code, key, f"{self._where(key, c)} {exc.message}")
+            for source in chunk.keys() & self.keys.keys():
+                key = self.keys[source]
+                S[key.s] = 1.0  # presence: ranks that reported the key
+                S[2 + self._adapter_index[key.adapter.name]] = 1.0
+        for source, value in last.items():
+            key = self.keys[source]
+            if key.reduction is Reduction.CATEGORICAL:
+                S[key.s + 1 + key.metric.labels.index(str(value))] = 1.0
+            elif isinstance(value, float) and math.isnan(value):
+                S[key.s + 1], S[key.s + 2] = value, 1.0
+            else:
+                S[key.s + 1] = float(value)
+                M[key.m], M[key.m + 1] = float(value), -float(value)
+                M[key.m + 2] = _type_rank(value)
+        if chunks:
+            S[self.ACTIVE] = 1.0
+        if state.errors:
+            S[self.ERROR_RANKS] = 1.0
+            M[self.WORST] = float(max(state.errors))
+        return state
+
+    def _add(
+        self,
+        key: _Key,
+        value: Scalar,
+        values: Mapping[str, Scalar],
+        chunk: Mapping[str, Any],
+        S: list[float],
+        M: list[float],
+        last: dict[str, Scalar],
+    ) -> None:
+        r, s, m = key.reduction, key.s + 1, key.m
+        if r is Reduction.CATEGORICAL:
+            if not isinstance(value, str) or value not in key.metric.labels:
+                raise _Reject(
+                    Code.BAD_LABEL,
+                    f"got {value!r}, not one of {list(key.metric.labels)}; fix: report one of those labels",
+                )
+            last[key.source] = value
+            return
+        if isinstance(value, str):
+            raise _Reject(
+                Code.BAD_VALUE,
+                f"got the string {value!r} for a numeric key; fix: pass a number "
+                "(only CATEGORICAL keys take labels)",
+            )
+        v = float(value)
+        if r is Reduction.WEIGHTED_MEAN:
+            w = self._partner(key, key.weight, values, chunk, "weight")
+            if w > 0.0:
+                S[s] += v * w
+                S[s + 1] += w
+        elif r is Reduction.SUM:
+            S[s] += v
+            M[m] = max(M[m], _type_rank(value))
+        elif r is Reduction.MAX or r is Reduction.MIN:
+            if math.isnan(v):
+                S[s] += 1.0
+            else:
+                M[m] = max(M[m], v if r is Reduction.MAX else -v)
+            M[m + 1] = max(M[m + 1], _type_rank(value))
+        elif r is Reduction.MEAN:
+            S[s] += v
+            S[s + 1] += 1.0
+        elif r is Reduction.LAST:
+            last[key.source] = value
+        elif r is Reduction.POOLED_STD:
+            n = self._partner(key, key.weight, values, chunk, "count") if key.weight else 1.0
+            mean = self._partner(key, key.mean, values, chunk, "mean", weight=False)
+            if n > 0.0:
+                S[s] += n
+                S[s + 1] += n * mean
+                S[s + 2] += n * (v * v + mean * mean)
+
+    def _partner(
+        self,
+        key: _Key,
+        source: str | None,
+        values: Mapping[str, Scalar],
+        chunk: Mapping[str, Any],
+        role: str,
+        *,
+        weight: bool = True,
+    ) -> float:
+        assert source is not None
+        if source not in chunk:
+            raise _Reject(
+                Code.MISSING_PARTNER,
+                f"needs its {role} {source!r} in the same chunk; fix: report {source!r} "
+                f"alongside {key.source!r}",
+            )
+        if source not in values:  # the partner itself was a bad value, reported on its own key
+            return 0.0
+        raw = values[source]
+        if isinstance(raw, str):
+            return 0.0  # reported as a bad value on the partner's own key
+        w = float(raw)
+        if weight and not (math.isfinite(w) and w >= 0.0):
+            raise _Reject(
+                Code.BAD_WEIGHT,
+                f"is weighted by {source!r}={raw!r}; weights must be finite and >= 0; fix the producer "
+                "of that count",
+            )
+        return w
+
+    def _where(self, key: _Key, chunk: int) -> str:
+        return f"key {key.source!r} (-> {key.metric.leaf!r}, adapter {key.adapter.name!r}) in chunk {chunk}"
+
+    def _unknown(self, source: str) -> str:
+        names = ", ".join(a.name for a in self.adapters)
+        near = [k for k in self.keys if k.endswith(source.split("_", 1)[-1])][:3]
+        hint = f" (did you mean {', '.join(near)}?)" if near else ""
+        return (
+            f"source name {source!r} is not declared by adapters [{names}]{hint}; fix: use a declared "
+            "source name, add the adapter that declares it, or declare it in your own adapter"
+        )
+
+    # -- many ranks -----------------------------------------------------------------------------
+
+    def read(self, state: PackedState, *, phase: str, world_size: int) -> dict[str, Scalar]:
+        """Public figures of a merged state; raises every producer bug it carries."""
+        S, M = state.sum, state.max
+        if M[self.WORST] > 0:
+            self._raise_worst(state)
+        if M[self.STEP] != -M[self.NEG_STEP]:
+            raise MetricsError(
+                f"ranks reduced different steps (from {-M[self.NEG_STEP]:.0f} to {M[self.STEP]:.0f}); "
+                "fix: every rank must call reduce(step) with the same step"
+            )
+        if M[self.PHASE] != -M[self.NEG_PHASE]:
+            raise MetricsError("ranks reduced different phases; fix: pass the same phase on every rank")
+        for adapter_index, family in self.families:
+            active = S[2 + adapter_index]
+            counts = {s: S[self.keys[s].s] for s in family}
+            if any(counts.values()) and any(n != active for n in counts.values()):
+                adapter = self.adapters[adapter_index].name
+                raise MetricsError(
+                    f"the all-or-nothing family {sorted(family)} of adapter {adapter!r} was reported "
+                    f"by {int(max(counts.values()))} of the {int(active)} ranks that reported "
+                    f"{adapter!r} keys; a partial record is a producer bug; fix: emit the family on "
+                    "every rank (zero weight when there is no data)"
+                )
+        out: dict[str, Scalar] = {}
+        for key in self.keys.values():
+            if S[key.s] == 0.0:
+                continue  # absent on every rank: absent, not zero
+            if key.metric.namespace is None and phase not in key.adapter.phases:
+                raise MetricsError(
+                    f"adapter {key.adapter.name!r} publishes phases {sorted(key.adapter.phases)}, "
+                    f"not {phase!r} (key {key.source!r}); fix: reduce it under one of those phases"
+                )
+            out[key.public(phase)] = self._value(key, S, M)
+        return out
+
+    def _value(self, key: _Key, S: list[float], M: list[float]) -> Scalar:
+        r, s, m = key.reduction, key.s + 1, key.m
+        if r is Reduction.WEIGHTED_MEAN:
+            return S[s] / S[s + 1] if S[s + 1] > 0.0 else 0.0
+        if r is Reduction.SUM:
+            return _typed(S[s], max(M[m], _INT))  # a sum of flags is a count
+        if r is Reduction.MAX or r is Reduction.MIN:
+            if S[s] > 0.0:
+                return math.nan
+            v = M[m] if r is Reduction.MAX else -M[m]
+            return _typed(v, M[m + 1])
+        if r is Reduction.MEAN:
+            return S[s] / S[s + 1]
+        if r is Reduction.LAST:
+            if S[s + 1] > 0.0:
+                return math.nan
+            if M[m] == -M[m + 1]:
+                return _typed(M[m], M[m + 2])
+            return S[s] / S[key.s]
+        if r is Reduction.POOLED_STD:
+            n = S[s]
+            if n <= 0.0:
+                return 0.0
+            mean = S[s + 1] / n
+            return math.sqrt(max(S[s + 2] / n - mean * mean, 0.0))
+        labels = [label for i, label in enumerate(key.metric.labels) if S[s + i] > 0.0]
+        if len(labels) > 1:
+            counts = {label: int(S[s + key.metric.labels.index(label)]) for label in labels}
+            raise MetricsError(
+                f"ranks disagree on categorical key {key.source!r} (-> {key.metric.leaf!r}): "
+                f"ranks per label {counts}; fix: every rank must report the same label for a window"
+            )
+        return labels[0]
+
+    def _raise_worst(self, state: PackedState) -> None:
+        worst = int(state.max[self.WORST])
+        n_ranks = int(state.sum[self.ERROR_RANKS])
+        others = f" ({n_ranks} ranks reported errors)" if n_ranks > 1 else ""
+        if worst in state.errors:
+            raise MetricsError(state.errors[worst] + others)
+        code, rest = divmod(worst, _CODE_BITS)
+        index, rank = divmod(rest, _KEY_BITS)
+        key = next((k for k in self.keys.values() if k.index == index), None)
+        what = f" for key {key.source!r}" if key else ""
+        raise MetricsError(
+            f"rank {rank} reported {Code.TEXT.get(code, 'an error')}{what}{others}; rank {rank}'s "
+            "own error has the details. Every rank stops here so that none hangs in a collective."
+        )
+
+
+class _Reject(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+def _type_rank(value: Scalar) -> float:
+    if isinstance(value, bool):
+        return _BOOL
+    return _INT if isinstance(value, int) else _FLOAT
+
+
+def _typed(value: float, type_rank: float) -> Scalar:
+    if type_rank == _BOOL:
+        return bool(value)
+    if type_rank == _INT and math.isfinite(value):
+        return int(value)
+    return value

@@ -1,0 +1,125 @@
+"""The two entry points of the reduction: offline over simulated ranks, and per rank in a real run."""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Union
+
+from . import distributed
+from .adapter import PHASES, MetricAdapter
+from .catalog import get_adapter
+from .errors import MetricsError
+from .frame import Frame
+from .layout import Layout, merge
+from .values import Scalar, materialize
+
+__all__ = ["AdapterSpec", "MetricReducer", "reduce_metrics", "resolve_adapters"]
+
+AdapterSpec = Union[str, MetricAdapter, Sequence[Union[str, MetricAdapter]]]
+
+
+def resolve_adapters(adapters: AdapterSpec) -> tuple[MetricAdapter, ...]:
+    """A name, an adapter, or a list of them, as adapters."""
+    items = [adapters] if isinstance(adapters, (str, MetricAdapter)) else list(adapters)
+    if not items:
+        raise MetricsError("no adapters given; fix: pass a name such as 'grpo', or a list of them")
+    out = []
+    for item in items:
+        if isinstance(item, str):
+            out.append(get_adapter(item))
+        elif isinstance(item, MetricAdapter):
+            out.append(item)
+        else:
+            raise MetricsError(
+                f"adapters must be names or MetricAdapter objects, got {type(item).__name__} {item!r}"
+            )
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=64)
+def _layout(adapters: tuple[MetricAdapter, ...]) -> Layout:
+    return Layout(adapters)
+
+
+def _check_phase(phase: str) -> None:
+    if phase not in PHASES:
+        raise MetricsError(f"phase {phase!r} is not one of {sorted(PHASES)}")
+
+
+def reduce_metrics(
+    adapters: AdapterSpec,
+    per_rank_chunks: Sequence[Sequence[Mapping[str, Any]]],
+    *,
+    phase: str = "train",
+) -> dict[str, Scalar]:
+    """Reduce ``per_rank_chunks[rank][chunk]`` (source-name dicts) to public figures, in process.
+
+    The same arithmetic as a real distributed run: each rank's window is packed, the packed states
+    are merged with the one merge a SUM and a MAX collective compute, and the result is read out.
+
+    >>> reduce_metrics("grpo", [[{"grpo_clip_frac": 0.5, "grpo_valid_token_count": 10}],
+    ...                         [{"grpo_clip_frac": 0.0, "grpo_valid_token_count": 30}]])
+    {'train/valid_token_count': 40, 'train/clip_frac': 0.125}
+    """
+    _check_phase(phase)
+    if not per_rank_chunks:
+        raise MetricsError("per_rank_chunks is empty; fix: pass one list of chunk dicts per rank")
+    layout = _layout(resolve_adapters(adapters))
+    states = [
+        layout.accumulate(materialize(chunks), rank=rank, phase=phase)
+        for rank, chunks in enumerate(per_rank_chunks)
+    ]
+    return layout.read(functools.reduce(merge, states), phase=phase, world_size=len(states))
+
+
+class MetricReducer:
+    """One rank's reducer in a real run: ``add`` each chunk, ``reduce`` at the end of the window.
+
+    ``reduce`` is collective when torch.distributed is initialised (every rank of ``group`` calls it,
+    default the world): one SUM and one MAX all-reduce per step, plus one small handshake the first
+    time, whatever the number of keys. Without torch.distributed it is local. A producer bug on any
+    rank raises :class:`MetricsError` on every rank after the collectives; the window is discarded.
+
+    >>> r = MetricReducer(["grpo", "trainer"])
+    >>> r.add({"grpo_kl_max": 0.2, "update_outcome": "accumulating"})
+    >>> r.add({"grpo_kl_max": 0.9, "update_outcome": "applied"})
+    >>> r.reduce(1).metrics
+    {'train/kl_max': 0.9, 'optim/update_outcome': 'applied'}
+    """
+
+    def __init__(self, adapters: AdapterSpec, *, group: Any = None) -> None:
+        self.adapters = resolve_adapters(adapters)
+        self.layout = _layout(self.adapters)
+        self.group = group
+        self._chunks: list[Mapping[str, Any]] = []
+        self._verified = False
+
+    def add(self, chunk: Mapping[str, Any]) -> None:
+        """Record one chunk's source-name metrics. Cheap: values are read at ``reduce``, tensors
+        in one stacked copy. The mapping is copied, never modified."""
+        if not isinstance(chunk, Mapping):
+            raise MetricsError(
+                f"add() takes a mapping of source names to values, got {type(chunk).__name__}"
+            )
+        self._chunks.append(dict(chunk))
+
+    @property
+    def pending_chunks(self) -> int:
+        return len(self._chunks)
+
+    def reduce(self, step: int, *, phase: str = "train") -> Frame:
+        """End the window: the global figures of every chunk added since the last ``reduce``."""
+        _check_phase(phase)
+        chunks, self._chunks = self._chunks, []
+        where = distributed.group_rank_and_size(self.group)
+        rank, size = where or (0, 1)
+        state = self.layout.accumulate(materialize(chunks), rank=rank, step=step, phase=phase)
+        if where is not None:
+            if not self._verified:
+                distributed.handshake(self.layout.fingerprint, self.layout.sum_size, self.group)
+                self._verified = True
+            state = distributed.all_reduce_state(state, self.group)
+        metrics = self.layout.read(state, phase=phase, world_size=size)
+        return Frame(step=step, metrics=metrics, phase=phase, wall_time=time.time())
