@@ -1,0 +1,43 @@
+"""The sink contract: three methods, no base class. Sinks know nothing about ranks."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Protocol, runtime_checkable
+
+from ..core.frame import Frame
+from ..core.keys import KeyInfo
+from ..core.values import Scalar
+
+__all__ = ["RunInfo", "Sink"]
+
+
+@dataclasses.dataclass(frozen=True)
+class RunInfo:
+    """What a sink learns when the run starts. ``config`` is flat (``a/b``) and already redacted;
+    ``keys`` describes every public key the run's adapters can publish."""
+
+    run_id: str
+    name: str
+    config: Mapping[str, Scalar]
+    keys: Mapping[str, KeyInfo]
+    adapters: tuple[str, ...]
+    started: float
+
+
+@runtime_checkable
+class Sink(Protocol):
+    """A backend. ``write`` receives plain numbers and strings under flat ``/`` keys, with the
+    sink's non-finite policy already applied: values outside ``stores_nonfinite`` (a subset of
+    ``{"nan", "inf"}``) are removed upstream and counted under ``health/nonfinite/<key>``.
+    Constructors do no I/O; ``start`` does; ``close`` is idempotent."""
+
+    name: str
+    stores_nonfinite: frozenset[str]
+
+    def start(self, run: RunInfo) -> None: ...
+
+    def write(self, frame: Frame) -> None: ...
+
+    def close(self, *, failed: bool = False) -> None: ...

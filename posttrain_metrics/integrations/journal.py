@@ -1,0 +1,207 @@
+"""The journal: a local JSONL record of the run, written first, from which any sink can be replayed.
+
+Format ``posttrain-metrics-journal`` version 1, one JSON object per line:
+
+- header: ``{"format": "posttrain-metrics-journal", "version": 1, "kind": "header", "run_id",
+  "name", "created", "adapters": [...], "config": {flat, redacted}}``
+- frame: ``{"kind": "frame", "run_id", "step", "phase", "time", "metrics": {key: value}}`` where a
+  value is a number, a bool, a label string, or ``{"$float": "NaN" | "Infinity" | "-Infinity"}`` for
+  a non-finite float (strict JSON, exact round trip)
+- end: ``{"kind": "end", "run_id", "status": "finished" | "failed", "time"}``
+
+Every line is flushed when written, so a killed process leaves complete lines only, bar possibly a
+torn last one, which readers skip with a warning. ``fsync`` says when lines are also forced to disk
+(``"close"``, ``"step"`` or ``"never"``): flushing survives a killed process, fsync a lost machine.
+The journal is plain data, never pickle: reading one executes nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import warnings
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import IO, Any
+
+from ..core.errors import MetricsError
+from ..core.frame import Frame
+from ..core.values import Scalar
+from .base import RunInfo
+
+__all__ = ["FORMAT", "VERSION", "Journal", "JournalSink", "read_journal"]
+
+FORMAT = "posttrain-metrics-journal"
+VERSION = 1
+_FSYNC = ("close", "step", "never")
+
+
+def _encode(value: Scalar) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return {"$float": "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")}
+    return value
+
+
+def _decode(value: Any) -> Scalar:
+    if isinstance(value, dict):
+        return float(value["$float"])
+    if isinstance(value, (bool, int, float, str)):
+        return value
+    raise ValueError(f"unexpected metric value {value!r}")
+
+
+class JournalSink:
+    """Appends one line per frame to ``path`` (JSONL) and flushes it.
+
+    The header carries the redacted config; ``close`` writes an end line with the run's status.
+    Opening an existing journal of the same run id appends to it (a resumed run).
+    """
+
+    name = "journal"
+    stores_nonfinite = frozenset({"nan", "inf"})
+
+    def __init__(self, path: str | os.PathLike[str], *, fsync: str = "close") -> None:
+        if fsync not in _FSYNC:
+            raise MetricsError(f"journal fsync={fsync!r}; fix: use one of {list(_FSYNC)}")
+        self.path = Path(path)
+        self.fsync = fsync
+        self._file: IO[str] | None = None
+        self._run_id = ""
+
+    def start(self, run: RunInfo) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._run_id = run.run_id
+        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - held for the run
+        self._line(
+            {
+                "format": FORMAT,
+                "version": VERSION,
+                "kind": "header",
+                "run_id": run.run_id,
+                "name": run.name,
+                "created": run.started,
+                "adapters": list(run.adapters),
+                "config": dict(run.config),
+            }
+        )
+
+    def write(self, frame: Frame) -> None:
+        self._line(
+            {
+                "kind": "frame",
+                "run_id": self._run_id,
+                "step": frame.step,
+                "phase": frame.phase,
+                "time": frame.wall_time,
+                "metrics": {k: _encode(v) for k, v in frame.metrics.items()},
+            },
+            sync=self.fsync == "step",
+        )
+
+    def close(self, *, failed: bool = False) -> None:
+        if self._file is None:
+            return
+        import time
+
+        self._line(
+            {"kind": "end", "run_id": self._run_id, "status": "failed" if failed else "finished",
+             "time": time.time()},
+            sync=self.fsync != "never",
+        )
+        self._file.close()
+        self._file = None
+
+    def _line(self, record: Mapping[str, Any], *, sync: bool = False) -> None:
+        if self._file is None:
+            raise MetricsError(f"journal {self.path} is not open; fix: call start() before write()")
+        self._file.write(json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n")
+        self._file.flush()
+        if sync:
+            os.fsync(self._file.fileno())
+
+
+@dataclasses.dataclass
+class Journal:
+    """A journal read back: its header, frames in file order, end record (if any) and warnings."""
+
+    path: Path
+    header: dict[str, Any]
+    frames: list[Frame]
+    end: dict[str, Any] | None
+    warnings: list[str]
+
+    @property
+    def run_id(self) -> str:
+        return str(self.header.get("run_id", ""))
+
+    @property
+    def adapters(self) -> list[str]:
+        return list(self.header.get("adapters", []))
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return dict(self.header.get("config", {}))
+
+
+def _lines(path: Path) -> Iterator[tuple[int, str, bool]]:
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    parts = text.split("\n")
+    for i, line in enumerate(parts, 1):
+        if line.strip():
+            yield i, line, i == len(parts)  # last=True: no newline after it (possibly torn)
+
+
+def read_journal(path: str | os.PathLike[str]) -> Journal:
+    """Read a journal. A torn last line (a crash mid-write) is skipped with a warning; anything
+    else malformed, an unknown format or version, or a missing file is a :class:`MetricsError`."""
+    p = Path(path)
+    if not p.is_file():
+        raise MetricsError(f"journal {p} does not exist or is not a file; fix: pass the path of a journal.jsonl")
+    header: dict[str, Any] | None = None
+    frames: list[Frame] = []
+    end: dict[str, Any] | None = None
+    notes: list[str] = []
+    for number, line, unterminated in _lines(p):
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict):
+                raise ValueError("not a JSON object")
+        except ValueError as exc:
+            if unterminated:
+                note = f"{p}:{number}: skipped a torn last line (the writer stopped mid-line)"
+                notes.append(note)
+                warnings.warn(note, stacklevel=2)
+                continue
+            raise MetricsError(f"{p}:{number}: not a journal line ({exc}); the file is damaged") from None
+        kind = record.get("kind")
+        if header is None:
+            if kind != "header" or record.get("format") != FORMAT:
+                raise MetricsError(f"{p}: the first line is not a {FORMAT} header; is this a journal?")
+            if record.get("version") != VERSION:
+                raise MetricsError(
+                    f"{p}: journal format version {record.get('version')!r}; this posttrain-metrics "
+                    f"reads version {VERSION}; fix: upgrade posttrain-metrics"
+                )
+            header = record
+        elif kind == "frame":
+            try:
+                metrics = {str(k): _decode(v) for k, v in record["metrics"].items()}
+                frames.append(Frame(int(record["step"]), metrics, str(record.get("phase", "train")),
+                                    float(record.get("time", 0.0))))
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                if unterminated:
+                    notes.append(f"{p}:{number}: skipped a torn last line")
+                    continue
+                raise MetricsError(f"{p}:{number}: malformed frame ({exc!r})") from None
+        elif kind == "end":
+            end = record
+        elif kind == "header":
+            continue  # a resumed run appends its own header; the first one names the run
+        else:
+            raise MetricsError(f"{p}:{number}: unknown record kind {kind!r}")
+    if header is None:
+        raise MetricsError(f"{p}: empty journal (no header line)")
+    return Journal(p, header, frames, end, notes)

@@ -1,0 +1,154 @@
+"""The one place that publishes: global rank 0 only, the journal first, then every other sink.
+
+The publisher normalises a frame once for the sinks: categorical keys gain one 0/1 indicator series
+per label (``optim/update_outcome/skipped``) so that outcomes chart in every tracker, bools become
+0/1, and non-finite values a backend cannot store faithfully are removed for that backend and
+counted under ``health/nonfinite/<key>`` with one warning per key. The journal gets the frame
+exactly as reduced. A sink that raises is warned about once and never stops training or the others.
+"""
+
+from __future__ import annotations
+
+import atexit
+import math
+import time
+import uuid
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..core.distributed import global_rank
+from ..core.frame import Frame
+from ..core.keys import KeyInfo, describe, label_key
+from ..core.redact import flatten_config
+from ..core.reducer import AdapterSpec, resolve_adapters
+from ..core.values import Scalar
+from .base import RunInfo, Sink
+
+__all__ = ["Publisher", "display_frame", "nonfinite_kind"]
+
+
+def nonfinite_kind(value: Scalar) -> str | None:
+    """``"nan"``, ``"inf"`` or ``None`` for a finite value or a label."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else "inf"
+    return None
+
+
+def display_frame(frame: Frame, keys: Mapping[str, KeyInfo]) -> Frame:
+    """The frame as trackers show it: label indicators added, bools as 0/1; nothing removed."""
+    out: dict[str, Scalar] = {}
+    for key, value in frame.metrics.items():
+        out[key] = int(value) if isinstance(value, bool) else value
+        info = keys.get(key)
+        if isinstance(value, str) and info is not None:
+            for label in info.metric.labels:
+                out[label_key(key, label)] = int(value == label)
+    return Frame(frame.step, out, frame.phase, frame.wall_time)
+
+
+class Publisher:
+    """Hands frames to sinks on global rank 0; on other ranks every call is a cheap no-op.
+
+    Sink constructors do no I/O, so building the same publisher on every rank is harmless: only
+    rank 0 starts runs. Use it as a context manager, or call ``start``/``close``; ``close`` is
+    idempotent and also runs at interpreter exit.
+    """
+
+    def __init__(
+        self,
+        sinks: Sequence[Sink],
+        *,
+        adapters: AdapterSpec,
+        run_name: str | None = None,
+        run_id: str | None = None,
+    ) -> None:
+        self.sinks = sorted(sinks, key=lambda s: s.name != "journal")  # the journal first
+        self.adapters = resolve_adapters(adapters)
+        self.keys = describe(self.adapters)
+        self.run_id = run_id or uuid.uuid4().hex[:16]
+        self.run_name = run_name or f"run-{time.strftime('%Y%m%d-%H%M%S')}"
+        self.run: RunInfo | None = None
+        self.failures: dict[str, int] = {}
+        self._nonfinite: dict[tuple[str, str], int] = {}
+        self._closed = False
+
+    # Side effects happen on global rank 0 only; the rank is read at call time.
+    @staticmethod
+    def publishes_here() -> bool:
+        return global_rank() == 0
+
+    def start(self, config: Mapping[str, Any] | None = None) -> RunInfo:
+        run = RunInfo(
+            run_id=self.run_id,
+            name=self.run_name,
+            config=flatten_config(config or {}),
+            keys=self.keys,
+            adapters=tuple(a.name for a in self.adapters),
+            started=time.time(),
+        )
+        self.run = run
+        if self.publishes_here():
+            for sink in self.sinks:
+                self._call(sink, "start", run)
+            atexit.register(self.close)
+        return run
+
+    def publish(self, frame: Frame) -> None:
+        if not self.publishes_here() or self._closed:
+            return
+        if self.run is None:
+            self.start()
+        shown = display_frame(frame, self.keys)
+        for sink in self.sinks:
+            self._call(sink, "write", frame if sink.name == "journal" else self._for(sink, shown))
+
+    def close(self, *, failed: bool = False) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self.close)
+        if self.run is not None and self.publishes_here():
+            for sink in self.sinks:
+                self._call(sink, "close", failed=failed)
+
+    def __enter__(self) -> Publisher:
+        if self.run is None:
+            self.start()
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        self.close(failed=exc_type is not None)
+
+    def _for(self, sink: Sink, frame: Frame) -> Frame:
+        stores = sink.stores_nonfinite
+        metrics: dict[str, Scalar] = {}
+        for key, value in frame.metrics.items():
+            kind = nonfinite_kind(value)
+            if kind is None or kind in stores:
+                metrics[key] = value
+                continue
+            counter = (sink.name, key)
+            if counter not in self._nonfinite:
+                warnings.warn(
+                    f"{sink.name}: {key} = {value} cannot be stored faithfully by this backend; "
+                    f"skipped and counted under health/nonfinite/{key} (the journal keeps the value)",
+                    stacklevel=3,
+                )
+            self._nonfinite[counter] = self._nonfinite.get(counter, 0) + 1
+            metrics[f"health/nonfinite/{key}"] = self._nonfinite[counter]
+        return Frame(frame.step, metrics, frame.phase, frame.wall_time)
+
+    def _call(self, sink: Sink, method: str, *args: Any, **kwargs: Any) -> None:
+        try:
+            getattr(sink, method)(*args, **kwargs)
+        except Exception as exc:  # a tracker's failure never stops training
+            n = self.failures.get(sink.name, 0)
+            self.failures[sink.name] = n + 1
+            if n == 0:
+                warnings.warn(
+                    f"sink {sink.name!r} failed in {method}() and is degraded: {type(exc).__name__}: "
+                    f"{exc}. Training continues; the journal keeps every frame for "
+                    "`posttrain-metrics export`.",
+                    stacklevel=3,
+                )
