@@ -45,11 +45,18 @@ def describe(adapters: Iterable[MetricAdapter], phases: Iterable[str] = PHASES) 
                 if key in out:
                     continue  # a fixed-namespace key is the same under every phase
 
-                def public(leaf: str | None, phase: str = phase) -> str | None:
-                    return None if leaf is None else adapter.public_key(adapter.source_of_leaf(leaf), phase)
-
-                out[key] = KeyInfo(key, metric, adapter.name, public(metric.weight), public(metric.mean))
+                out[key] = KeyInfo(
+                    key,
+                    metric,
+                    adapter.name,
+                    _public(adapter, metric.weight, phase),
+                    _public(adapter, metric.mean, phase),
+                )
     return out
+
+
+def _public(adapter: MetricAdapter, leaf: str | None, phase: str) -> str | None:
+    return None if leaf is None else adapter.public_key(adapter.source_of_leaf(leaf), phase)
 
 
 def headline_keys(keys: Mapping[str, KeyInfo], metrics: Mapping[str, object]) -> list[str]:

@@ -15,7 +15,7 @@ import dataclasses
 import hashlib
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from .adapter import Metric, MetricAdapter
 from .errors import MetricsError
@@ -52,7 +52,7 @@ class Code:
     MISSING_PARTNER = 5
     PARTIAL_FAMILY = 6
 
-    TEXT = {
+    TEXT: ClassVar[dict[int, str]] = {
         UNKNOWN_KEY: "an undeclared source name",
         BAD_VALUE: "a value that is not a number",
         BAD_LABEL: "a label outside the declared set",
@@ -198,7 +198,7 @@ class Layout:
                     values[source] = to_scalar(raw)
                 except BadValue as exc:
                     fail(Code.BAD_VALUE, key, f"{self._where(key, c)} got {exc}")
-            for adapter_index, family in self.families:
+            for _adapter_index, family in self.families:
                 present = [s for s in family if s in chunk]
                 if present and len(present) != len(family):
                     missing = sorted(set(family) - set(present))

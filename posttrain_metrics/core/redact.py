@@ -33,7 +33,7 @@ def is_secret_key(key: str) -> bool:
     """Whether a config key (any part of its path) names a credential: ``api_key``, ``hf_token``,
     ``db/password``, ``Authorization``; not ``max_tokens`` or ``tokenizer``."""
     words = _words(key)
-    return bool(words & _SECRET_WORDS) or "api" in words and "key" in words
+    return bool(words & _SECRET_WORDS) or ("api" in words and "key" in words)
 
 
 def redact(key: str, value: Scalar) -> Scalar:

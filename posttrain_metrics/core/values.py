@@ -11,7 +11,7 @@ import numbers
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["MAX_EXACT_INT", "Scalar", "BadValue", "is_tensor", "materialize", "to_scalar"]
+__all__ = ["MAX_EXACT_INT", "BadValue", "Scalar", "is_tensor", "materialize", "to_scalar"]
 
 Scalar = float | int | bool | str
 MAX_EXACT_INT = 2**53

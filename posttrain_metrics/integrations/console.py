@@ -16,7 +16,7 @@ __all__ = ["ConsoleSink"]
 
 
 def _fmt(value: Scalar) -> str:
-    if isinstance(value, bool) or isinstance(value, (int, str)):
+    if isinstance(value, (bool, int, str)):
         return str(value)
     return f"{value:.4g}" if math.isfinite(value) else str(value)
 

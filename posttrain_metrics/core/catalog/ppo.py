@@ -11,8 +11,7 @@ and ``_min`` (over every token of every rank).
 
 from __future__ import annotations
 
-from ..adapter import Metric
-from ..adapter import MetricAdapter
+from ..adapter import Metric, MetricAdapter
 from ..reduction import Reduction as R
 
 __all__ = ["PPO"]

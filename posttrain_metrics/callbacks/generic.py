@@ -1,0 +1,145 @@
+"""The trainer callback for hand-written loops and config-driven trainers.
+
+One object per rank. Each hook turns one trainer event into one core call: a chunk's metrics go to
+the reducer, the end of an optimizer window reduces (collectively, on every rank) and publishes (on
+global rank 0), the end of the run closes the sinks. It holds no arithmetic and no vendor code.
+
+In a config (Hydra/OmegaConf ``instantiate``, or :func:`build_callback` without Hydra)::
+
+    _target_: posttrain_metrics.callbacks.MetricsCallback
+    adapters: [grpo, reward, trainer]
+    out_dir: runs/my-run
+    sinks:
+      - {type: wandb, project: my-project}
+      - {type: mlflow}
+      - {type: tensorboard}
+      - {type: console}
+      - {type: journal}
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..core.errors import MetricsError
+from ..core.frame import Frame
+from ..core.reducer import AdapterSpec, MetricReducer
+from ..integrations.base import Sink
+from ..integrations.factory import build_sink, plain, safe_name
+from ..integrations.publisher import Publisher
+
+__all__ = ["MetricsCallback", "build_callback"]
+
+
+class MetricsCallback:
+    """Reduces chunk metrics exactly per optimizer window and publishes them to sinks.
+
+    ``adapters`` names the catalogue adapters (``["grpo", "reward", "trainer"]``); ``sinks`` are
+    sink objects or configs (``{"type": "tensorboard"}``); file-backed sinks write under
+    ``out_dir``. Sinks are constructed on every rank (constructors do no I/O) but only global rank
+    0 starts and writes them. Use as a context manager, or call ``on_run_end`` in a ``finally``:
+    it is idempotent and also runs at interpreter exit.
+    """
+
+    def __init__(
+        self,
+        *,
+        adapters: AdapterSpec,
+        sinks: Sequence[Mapping[str, Any] | Sink] = ({"type": "console"},),
+        out_dir: str | os.PathLike[str] | None = None,
+        run_name: str | None = None,
+        run_id: str | None = None,
+        group: Any = None,
+    ) -> None:
+        adapters, sinks = plain(adapters), plain(sinks)
+        if not isinstance(sinks, list):
+            raise MetricsError(f"sinks must be a list of sink configs or objects, got {sinks!r:.80}")
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        name = safe_name(run_name) if run_name else None
+        built = [build_sink(spec, out_dir=self.out_dir) for spec in sinks]
+        self.publisher = Publisher(built, adapters=adapters, run_name=name, run_id=run_id)
+        # One reducer per phase, over the adapters that publish it: the reward report and the
+        # validation adapter both take bare source names (reward_std) but never share a phase.
+        self._reducers = {
+            phase: MetricReducer([a for a in self.publisher.adapters if phase in a.phases], group=group)
+            for phase in ("train", "val")
+            if any(phase in a.phases for a in self.publisher.adapters)
+        }
+        self.last_frame: Frame | None = None
+        self._started = False
+
+    @property
+    def sinks(self) -> list[Sink]:
+        return list(self.publisher.sinks)
+
+    def on_run_start(self, config: Mapping[str, Any] | None = None) -> None:
+        """Start the sinks (rank 0) with the run's config, flattened and redacted."""
+        self.publisher.start(plain(config) if config is not None else None)
+        self._started = True
+
+    def on_chunk_end(self, metrics: Mapping[str, Any]) -> None:
+        """One gradient-accumulation chunk's source-name metrics (every rank)."""
+        self._reducer("train").add(metrics)
+
+    def on_window_end(self, step: int) -> Frame:
+        """End of an optimizer window: reduce on every rank, publish on rank 0."""
+        return self._publish(self._reducer("train").reduce(step, phase="train"))
+
+    def on_validation_end(self, step: int, metrics: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> Frame:
+        """This rank's validation metrics (one chunk dict or a list of them), reduced under ``val/``."""
+        reducer = self._reducer("val")
+        for chunk in [metrics] if isinstance(metrics, Mapping) else metrics:
+            reducer.add(chunk)
+        return self._publish(reducer.reduce(step, phase="val"))
+
+    def on_run_end(self, failed: bool = False) -> None:
+        """Close every sink with the run's status (FAILED when ``failed``). Idempotent."""
+        self.publisher.close(failed=failed)
+
+    def _reducer(self, phase: str) -> MetricReducer:
+        try:
+            return self._reducers[phase]
+        except KeyError:
+            names = [a.name for a in self.publisher.adapters]
+            raise MetricsError(
+                f"none of the adapters {names} publishes the {phase!r} phase; fix: add one that does "
+                "(e.g. 'validation' for val/reward_avg)"
+            ) from None
+
+    def _publish(self, frame: Frame) -> Frame:
+        if not self._started:
+            self.on_run_start()
+        self.publisher.publish(frame)
+        self.last_frame = frame
+        return frame
+
+    def __enter__(self) -> MetricsCallback:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        self.on_run_end(failed=exc_type is not None)
+
+
+def build_callback(config: Mapping[str, Any]) -> MetricsCallback:
+    """The callback from a plain config dict (the same shape Hydra instantiates), without Hydra.
+
+    >>> cb = build_callback({"_target_": "posttrain_metrics.callbacks.MetricsCallback",
+    ...                      "adapters": ["grpo"], "sinks": [{"type": "memory"}]})
+    >>> [s.name for s in cb.sinks]
+    ['memory']
+    """
+    options = plain(dict(config))
+    target = options.pop("_target_", None)
+    if target not in (None, "posttrain_metrics.callbacks.MetricsCallback",
+                      "posttrain_metrics.callbacks.generic.MetricsCallback"):
+        raise MetricsError(f"_target_ {target!r} is not posttrain_metrics.callbacks.MetricsCallback")
+    allowed = {"adapters", "sinks", "out_dir", "run_name", "run_id"}
+    unknown = sorted(set(options) - allowed)
+    if unknown:
+        raise MetricsError(f"unknown callback option(s) {unknown}; it takes {sorted(allowed)}")
+    if "adapters" not in options:
+        raise MetricsError("the callback config needs adapters, e.g. adapters: [grpo, reward, trainer]")
+    return MetricsCallback(**options)

@@ -1,0 +1,135 @@
+"""The ``posttrain-metrics`` command line: demo, export, doctor, plot, keys."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from .core.catalog import adapter_names, get_adapter
+from .core.errors import MetricsError
+from .core.keys import describe
+
+__all__ = ["main"]
+
+
+def _keys_rows(adapters: Sequence[str]) -> list[tuple[str, ...]]:
+    rows: list[tuple[str, ...]] = []
+    for name in adapters:
+        adapter = get_adapter(name)
+        for key, info in describe([adapter]).items():
+            metric = info.metric
+            how = metric.reduction.value
+            if metric.weight:
+                how += f" by {info.weight_key}"
+            if metric.labels:
+                how += " {" + ", ".join(metric.labels) + "}"
+            rows.append((name, key, how, metric.unit, "yes" if metric.headline else "", metric.meaning))
+    return rows
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    names = [args.adapter] if args.adapter else adapter_names()
+    rows = _keys_rows(names)
+    header = ("adapter", "key", "reduction", "unit", "headline", "meaning")
+    if args.markdown:
+        print("| " + " | ".join(header) + " |")
+        print("|" + "---|" * len(header))
+        for row in rows:
+            print("| " + " | ".join(c.replace("|", "\\|") if i != 1 else f"`{c}`" for i, c in enumerate(row)) + " |")
+        return 0
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header) - 1)]
+    for row in [header, *rows]:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1])
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from .core.health import exit_status, format_findings, run_checks
+    from .integrations.journal import read_journal
+
+    journal = read_journal(args.journal)
+    findings = run_checks(journal)
+    print(format_findings(findings, as_json=args.json, journal=journal))
+    return exit_status(findings)
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from .core.health import run_checks
+    from .integrations.journal import read_journal
+    from .plot import dashboard
+
+    journal = read_journal(args.journal)
+    path = dashboard(journal, run_checks(journal), args.output)
+    print(f"wrote {path}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from .export import export
+
+    return export(args.journal, args.to, args.target, quiet=args.quiet)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo.main import run_demo
+
+    return run_demo(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="posttrain-metrics",
+        description="Exact post-training metrics: run the demo, replay journals into trackers, "
+        "check a run's health, plot it, list the metric catalogue.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    demo = sub.add_parser("demo", help="a real small GRPO run on the CPU, published to every sink")
+    demo.add_argument("--out", default=None, help="output folder (default: a new folder under ./runs/)")
+    demo.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the demo's own)")
+    demo.add_argument("--ranks", type=int, default=2, help="data-parallel ranks over gloo (default 2)")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--mlflow-uri", default=None, help="an MLflow tracking URI instead of the SQLite file")
+    for sink in ("wandb", "mlflow", "tensorboard", "console"):
+        demo.add_argument(f"--no-{sink}", action="store_true", help=f"leave the {sink} sink out")
+    demo.set_defaults(func=cmd_demo)
+
+    export = sub.add_parser("export", help="replay a journal into TensorBoard, MLflow or W&B (idempotent)")
+    export.add_argument("journal", help="path of a journal.jsonl")
+    export.add_argument("--to", required=True, choices=["tensorboard", "mlflow", "wandb"])
+    export.add_argument("target", nargs="?", default=None,
+                        help="tensorboard: log dir; mlflow: tracking URI; wandb: run dir (optional)")
+    export.add_argument("--quiet", action="store_true", help="no progress bar")
+    export.set_defaults(func=cmd_export)
+
+    doctor = sub.add_parser("doctor", help="health report of a run from its journal")
+    doctor.add_argument("journal")
+    doctor.add_argument("--json", action="store_true", help="machine-readable findings")
+    doctor.set_defaults(func=cmd_doctor)
+
+    plot = sub.add_parser("plot", help="a one-page PNG dashboard of a run from its journal")
+    plot.add_argument("journal")
+    plot.add_argument("-o", "--output", required=True, help="PNG file to write")
+    plot.set_defaults(func=cmd_plot)
+
+    keys = sub.add_parser("keys", help="the metric catalogue: key, reduction, weight, unit, meaning")
+    keys.add_argument("adapter", nargs="?", choices=adapter_names(), default=None)
+    keys.add_argument("--markdown", action="store_true", help="a Markdown table (the README's)")
+    keys.set_defaults(func=cmd_keys)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except MetricsError as exc:
+        print(f"posttrain-metrics {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,190 @@
+"""Publisher, journal, console, memory sink, run summaries and redaction (no vendor needed)."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import warnings
+
+import pytest
+from _runs import GRPO_ADAPTERS, grpo_run, nonfinite_frame, ppo_run
+
+from posttrain_metrics import Frame, MetricsError, get_adapter
+from posttrain_metrics.core.keys import describe
+from posttrain_metrics.core.redact import REDACTED, flatten_config, is_secret_key
+from posttrain_metrics.core.summary import RunSummary
+from posttrain_metrics.integrations import ConsoleSink, JournalSink, MemorySink, Publisher, read_journal
+
+
+def publish(frames: list[Frame], sinks: list, adapters=GRPO_ADAPTERS, config=None, failed=False) -> Publisher:
+    pub = Publisher(sinks, adapters=adapters, run_name="t")
+    pub.start(config or {})
+    for frame in frames:
+        pub.publish(frame)
+    pub.close(failed=failed)
+    return pub
+
+
+def test_journal_round_trips_every_frame_exactly(tmp_path):
+    frames = [*grpo_run(), nonfinite_frame(7)]
+    publish(frames, [JournalSink(tmp_path / "j.jsonl")])
+    journal = read_journal(tmp_path / "j.jsonl")
+    assert [f.step for f in journal.frames] == [f.step for f in frames]
+    for got, want in zip(journal.frames, frames):
+        assert got.metrics.keys() == want.metrics.keys()
+        for key, value in want.metrics.items():
+            back = got.metrics[key]
+            assert type(back) is type(value), key
+            assert back == value or (math.isnan(back) and math.isnan(value)), key
+    assert journal.end is not None and journal.end["status"] == "finished"
+    # strict JSON: no bare NaN/Infinity tokens
+    for line in (tmp_path / "j.jsonl").read_text().splitlines():
+        json.loads(line, parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}"))
+
+
+def test_journal_reader_skips_a_torn_last_line_and_rejects_bad_files(tmp_path):
+    path = tmp_path / "j.jsonl"
+    publish(grpo_run(steps=3), [JournalSink(path)])
+    text = path.read_text()
+    lines = text.splitlines()
+    path.write_text("\n".join(lines[:-1]) + "\n" + lines[-2][: len(lines[-2]) // 2])  # torn copy of a frame
+    with pytest.warns(UserWarning, match="torn last line"):
+        journal = read_journal(path)
+    assert [f.step for f in journal.frames] == [1, 2, 3]
+    assert journal.end is None
+    header = json.loads(lines[0])
+    header["version"] = 99
+    path.write_text(json.dumps(header) + "\n")
+    with pytest.raises(MetricsError, match="version 99"):
+        read_journal(path)
+    with pytest.raises(MetricsError, match="does not exist"):
+        read_journal(tmp_path / "missing.jsonl")
+    path.write_text('{"hello": 1}\n')
+    with pytest.raises(MetricsError, match="header"):
+        read_journal(path)
+
+
+def test_publisher_writes_the_journal_first_and_normalises_for_sinks(tmp_path):
+    seen_in_journal: list[bool] = []
+
+    class Spy(MemorySink):
+        def __init__(self, name: str, stores=frozenset({"nan", "inf"})):
+            super().__init__()
+            self.name = name
+            self.stores_nonfinite = stores
+
+        def write(self, frame):
+            lines = (tmp_path / "j.jsonl").read_text().splitlines()
+            seen_in_journal.append(any(f'"step":{frame.step},' in line for line in lines))
+            super().write(frame)
+
+    strict = Spy("strict", frozenset())
+    journal = JournalSink(tmp_path / "j.jsonl")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        publish([*grpo_run(steps=3), nonfinite_frame(4), nonfinite_frame(5)], [strict, journal])
+    assert seen_in_journal == [True] * 5  # every frame was in the journal before any other sink saw it
+    skipped = strict.frames[2].metrics
+    assert skipped["optim/update_outcome"] == "skipped"
+    assert skipped["optim/update_outcome/skipped"] == 1 and skipped["optim/update_outcome/applied"] == 0
+    assert skipped["optim/step_skipped"] == 1 and type(skipped["optim/step_skipped"]) is int
+    last = strict.frames[-1].metrics
+    assert "train/loss_avg" not in last and "train/kl_max" not in last
+    assert last["health/nonfinite/train/loss_avg"] == 2 and last["health/nonfinite/train/kl_max"] == 2
+    assert sum("cannot be stored faithfully" in str(w.message) for w in caught) == 3  # once per key
+
+
+def test_publisher_isolates_a_failing_sink(tmp_path):
+    class Broken(MemorySink):
+        name = "broken"
+
+        def write(self, frame):
+            raise ConnectionError("tracker down")
+
+    good = MemorySink()
+    with pytest.warns(UserWarning, match="degraded"):
+        pub = publish(grpo_run(steps=3), [Broken(), good])
+    assert len(good.frames) == 3 and pub.failures == {"broken": 3}
+
+
+def test_absent_stays_absent_in_the_publisher():
+    sink = MemorySink()
+    publish(ppo_run(steps=3, warmup=2), [sink], adapters="ppo")
+    assert "train/policy_loss" not in sink.frames[0].metrics
+    assert "optim/policy_optimizer_step" not in sink.frames[1].metrics
+    assert "train/policy_loss" in sink.frames[2].metrics
+
+
+def test_close_is_idempotent_and_reports_failure():
+    sink = MemorySink()
+    pub = publish(grpo_run(steps=1), [sink], failed=True)
+    pub.close()
+    assert sink.closed is True
+
+
+def test_console_headline_follows_the_catalogue():
+    out = io.StringIO()
+    frames = grpo_run(steps=3)
+    publish(frames, [ConsoleSink(stream=out)])
+    lines = out.getvalue().splitlines()
+    assert lines[1].startswith("train step 1 | loss_avg ")
+    for key in ("reward_mean", "grad_norm", "grpo_informative_group_count", "kl_mean", "kl_max"):
+        assert key in lines[1]
+    assert "update_outcome" not in lines[1] and "update_outcome SKIPPED" in lines[3]
+    # kl keys are headline only when kl_beta > 0
+    metrics = dict(frames[0].metrics, **{"train/kl_beta": 0.0})
+    sink = ConsoleSink(stream=io.StringIO())
+    publish([Frame(1, metrics)], [sink])
+    assert "kl_max" not in sink.stream.getvalue()
+
+
+def test_run_summary_uses_each_keys_semantics():
+    frames = grpo_run(steps=5)
+    summary = RunSummary(describe([get_adapter(a) for a in GRPO_ADAPTERS]))
+    for frame in frames:
+        summary.add(frame)
+    got = summary.values()
+    tokens = [f.metrics["train/valid_token_count"] for f in frames]
+    clip = [f.metrics["train/clip_frac"] for f in frames]
+    assert got["train/clip_frac"] == pytest.approx(sum(c * t for c, t in zip(clip, tokens)) / sum(tokens))
+    assert got["train/valid_token_count"] == sum(tokens)
+    assert got["train/kl_max"] == max(f.metrics["train/kl_max"] for f in frames)
+    assert got["train/response_len_max"] == max(f.metrics["train/response_len_max"] for f in frames)
+    assert isinstance(got["train/response_len_max"], int)
+    assert got["optim/update_outcome/skipped"] == 1 and got["optim/update_outcome/applied"] == 4
+    assert got["optim/optimizer_step"] == frames[-1].metrics["optim/optimizer_step"]
+    summary.add(nonfinite_frame(6))
+    assert math.isfinite(summary.values()["train/kl_max"])  # one NaN/inf does not poison the run max
+    assert summary.nonfinite["train/kl_max"] == 1
+
+
+@pytest.mark.parametrize(
+    ("key", "secret"),
+    [("api_key", True), ("wandb/WANDB_API_KEY", True), ("hf_token", True), ("db/password", True),
+     ("headers/Authorization", True), ("aws/secret_access_key", True), ("rollout/max_tokens", False),
+     ("model/tokenizer", False), ("rl/kl_beta", False)],
+)
+def test_secret_keys(key, secret):
+    assert is_secret_key(key) is secret
+
+
+def test_flatten_config_redacts_secrets_everywhere():
+    config = {
+        "rl": {"kl_beta": 0.04, "max_tokens": 256, "groups": [4, 8]},
+        "wandb": {"api_key": "0123456789abcdef0123456789abcdef01234567"},
+        "mlflow": {"uri": "https://alice:hunter2@mlflow.example.com/api"},
+        "note": "hf_abcdefghijklmnopqrstuvwxyz123456",
+        "nested": {"credentials": ["a", "b"]},
+    }
+    flat = flatten_config(config)
+    assert flat["rl/kl_beta"] == 0.04 and flat["rl/max_tokens"] == 256 and flat["rl/groups/1"] == 8
+    assert flat["wandb/api_key"] == REDACTED and flat["note"] == REDACTED
+    assert flat["nested/credentials"] == REDACTED
+    assert flat["mlflow/uri"] == f"https://alice:{REDACTED}@mlflow.example.com/api"
+    assert "hunter2" not in json.dumps(flat)
+
+
+def test_journal_holds_no_secret(tmp_path):
+    publish(grpo_run(steps=1), [JournalSink(tmp_path / "j.jsonl")], config={"db": {"password": "hunter2-PLANTED"}})
+    assert "hunter2-PLANTED" not in (tmp_path / "j.jsonl").read_text()
