@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
+import warnings
 from collections.abc import Sequence
 
 from .core.catalog import adapter_names, get_adapter
 from .core.errors import MetricsError
 from .core.keys import describe
+from .integrations.journal import Journal, read_journal
 
 __all__ = ["main"]
 
@@ -44,11 +47,23 @@ def cmd_keys(args: argparse.Namespace) -> int:
     return 0
 
 
+def load_journal(path: str) -> Journal:
+    """Read a journal for a subcommand: torn-line notes go to stderr, and every adapter it names
+    must be known here (``--import`` a module that registers your own)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        journal = read_journal(path)
+    for note in journal.warnings:
+        print(f"posttrain-metrics: warning: {note}", file=sys.stderr)
+    for name in journal.adapters:
+        get_adapter(name)  # MetricsError names the adapter and the fix
+    return journal
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     from .core.health import exit_status, format_findings, run_checks
-    from .integrations.journal import read_journal
 
-    journal = read_journal(args.journal)
+    journal = load_journal(args.journal)
     findings = run_checks(journal)
     print(format_findings(findings, as_json=args.json, journal=journal))
     return exit_status(findings)
@@ -56,10 +71,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def cmd_plot(args: argparse.Namespace) -> int:
     from .core.health import run_checks
-    from .integrations.journal import read_journal
     from .plot import dashboard
 
-    journal = read_journal(args.journal)
+    journal = load_journal(args.journal)
     path = dashboard(journal, run_checks(journal), args.output)
     print(f"wrote {path}")
     return 0
@@ -68,13 +82,13 @@ def cmd_plot(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from .export import export
 
-    return export(args.journal, args.to, args.target, quiet=args.quiet)
+    return int(export(load_journal(args.journal), args.to, args.target, quiet=args.quiet))
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo.main import run_demo
 
-    return run_demo(args)
+    return int(run_demo(args))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Exact post-training metrics: run the demo, replay journals into trackers, "
         "check a run's health, plot it, list the metric catalogue.",
     )
+    parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                        help="import MODULE first (a module that registers your own adapters)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = sub.add_parser("demo", help="a real small GRPO run on the CPU, published to every sink")
@@ -121,12 +137,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--import", dest="imports", action="append", default=[])
+    for module in pre.parse_known_args(argv)[0].imports:  # before the parser lists adapter choices
+        importlib.import_module(module)
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
     except MetricsError as exc:
         print(f"posttrain-metrics {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `posttrain-metrics doctor run.jsonl | head`
+        sys.stderr.close()
+        return 0
     except KeyboardInterrupt:
         return 130
 

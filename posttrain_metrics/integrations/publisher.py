@@ -142,6 +142,8 @@ class Publisher:
     def _call(self, sink: Sink, method: str, *args: Any, **kwargs: Any) -> None:
         try:
             getattr(sink, method)(*args, **kwargs)
+        except ImportError:
+            raise  # a requested backend that is not installed is an error, never a silent degrade
         except Exception as exc:  # a tracker's failure never stops training
             n = self.failures.get(sink.name, 0)
             self.failures[sink.name] = n + 1

@@ -1,0 +1,930 @@
+"""The doctor: a run's health read from its journal, the way the metrics reference says to read it.
+
+Each check is a small function over the run's frames, registered in :data:`CHECKS` with its id, its
+severity and the keys it reads. A check that fires yields a :class:`Finding`: the steps where it
+fires, a one-line explanation and the next thing to do. ``posttrain-metrics doctor`` prints them and
+exits non-zero when an error-level check fired, so a CI pipeline can gate on it.
+
+Severities:
+
+- ``error``: the numbers say something is broken, not merely unusual: ``clip_frac`` nonzero at one
+  minibatch per batch (a bug, not tighter training), a rejected update (fatal at the GRPO entry),
+  non-finite rejections in a row, a non-finite loss or gradient norm on an *applied* update, PPO
+  role counters that disagree.
+- ``warning``: a known pathology signature that needs a human to look (informative groups near
+  zero, a KL spike with a gradient jump, responses running into the token budget, a rising logprob
+  gap, DPO accuracy stuck at chance, a large ``sc_rho_max``, non-finite values, steps out of order,
+  a torn journal).
+- ``info``: context that changes how to read the curves (no logprob data, zero-gradient skips, a
+  check that could not run because the config does not say what it needs).
+
+Thresholds are the module constants below; each says why it has the value it has. The reference
+establishes only two numbers (``clip_frac == ratio_absdev == 0.0`` at ``n_mini == 1``, and a bf16
+clip rate 17x the fp32 one); every other threshold here is a judgement, chosen to stay silent on a
+healthy run's noise and to fire on the signature the reference describes.
+
+Two values come from the run config in the journal header, matched on the last ``/`` component of a
+flat config key (``rl/n_mini``, ``rollout/max_tokens``): the minibatch count
+(:data:`MINIBATCH_CONFIG_NAMES`) and the rollout token budget (:data:`BUDGET_CONFIG_NAMES`). When
+several keys match with different values, a key under ``rl/`` (minibatches) or ``rollout/``
+(budget) wins; if that does not settle it the value is unknown.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import math
+import os
+import statistics
+import textwrap
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Protocol
+
+from .frame import Frame
+
+__all__ = [
+    "BUDGET_CONFIG_NAMES",
+    "CHECKS",
+    "MINIBATCH_CONFIG_NAMES",
+    "Check",
+    "Finding",
+    "JournalLike",
+    "Severity",
+    "config_int",
+    "exit_status",
+    "format_findings",
+    "run_checks",
+    "step_ranges",
+]
+
+
+class Severity(str, enum.Enum):
+    """How bad a finding is; the order of the members is the order of the report.
+
+    ``ERROR`` makes :func:`exit_status` non-zero; ``WARNING`` and ``INFO`` never do.
+    """
+
+    ERROR = "error"
+    WARNING = "warning"
+    INFO = "info"
+
+
+# -- thresholds ------------------------------------------------------------------------------------
+
+RATIO_ABSDEV_TOLERANCE = 1e-6
+"""``ratio_absdev`` at or below this counts as zero at ``n_mini == 1``. The reference says exactly
+0.0 (the ratio is identically 1); the tolerance only forgives float noise of a recomputed, bitwise
+non-deterministic pi_old forward. ``clip_frac`` has no tolerance: a clipped token needs the ratio
+outside ``1 +- eps``, which noise never reaches, so any value above 0.0 fires."""
+
+INFORMATIVE_FRACTION_MIN = 0.1
+"""Informative groups at or below this fraction of the groups scored count as "near zero": at most
+one group in ten produces a nonzero advantage, so nine tenths of the sampling bought no signal."""
+
+KL_RATIO_MIN = 1000.0
+"""``kl_max / kl_mean`` at or above this is "orders of magnitude above": three decades means one
+token's K3 penalty outweighs the mean of about a thousand tokens, i.e. one token owns the KL term."""
+
+KL_MAX_MIN = 1.0
+"""...and ``kl_max`` must also be at least this many nats (K3 = 1 at a log-ratio of about 1.15 to the
+reference). At the first steps the policy is the reference, ``kl_mean`` is ~1e-6 and any ratio is
+huge but harmless; a penalty below 1 nat cannot own a step."""
+
+GRAD_JUMP_FACTOR = 5.0
+"""A ``grad_norm`` at least this many times the median of the preceding window is a jump. Pre-clip
+norms wander by 2-3x on healthy runs; 5x is outside that."""
+
+GRAD_BASELINE_WINDOW = 10
+"""Steps of ``grad_norm`` history the jump is measured against (median, robust to earlier jumps)."""
+
+GRAD_BASELINE_MIN = 3
+"""Fewer preceding steps than this and no jump is declared: there is no baseline yet."""
+
+TREND_MIN_FRAMES = 4
+"""Trend checks (truncation, logprob gap, DPO accuracy) need at least this many frames carrying the
+key: with fewer there is no "before" to compare "after" with."""
+
+BASELINE_FRACTION = 0.25
+"""Trend checks take their baseline from the first quarter of the run's frames (at least one)."""
+
+TRUNCATION_RISE = 0.1
+"""``rollout_truncated_frac`` at least this far (absolute) above its baseline counts as risen: ten
+more completions in a hundred now end at the budget. A healthy run's truncation wanders by a few
+points. Only steps after the baseline window are judged, so a run whose truncation starts high and
+*falls* (the policy learns to stop within the budget) never fires."""
+
+GAP_RISE_FACTOR = 3.0
+GAP_RISE_MIN = 0.02
+"""``logprob_gap_mean`` has risen when it is at least ``GAP_RISE_FACTOR`` times its baseline *and* at
+least ``GAP_RISE_MIN`` nats above it. On a dense model the gap is kernel and precision noise of a few
+thousandths of a nat that jitters by a factor of two or three; the absolute floor keeps that noise
+from firing, the factor keeps a run whose baseline is already large from firing on drift."""
+
+NONFINITE_CONSECUTIVE_MAX = 3
+"""``optim/nonfinite_skips_consecutive`` at or above this is an error: one rejection is a bad batch,
+two can be a coincidence, three in a row means the state (weights or optimizer moments), not the
+data, produces the non-finite values, and every further step is wasted."""
+
+DPO_CHANCE = 0.5
+DPO_MIN_RISE = 0.05
+"""DPO accuracy starts near ``DPO_CHANCE``; a run whose last quarter averages below
+``DPO_CHANCE + DPO_MIN_RISE`` has not risen. Five points is above the sampling noise of an accuracy
+measured on a few hundred pairs per step, and far below what a learning run reaches."""
+
+SC_RHO_MAX_LARGE = 100.0
+"""``sc_rho_max`` (``q_tail / p_tail``, both floored at 1e-6; 1.0 when sampler and trainer agree) at
+or above this is large: somewhere the sampler puts a hundred times the trainer's tail mass, a
+confident trainer against an unsure sampler, which is where the floor starts to bite."""
+
+MINIBATCH_CONFIG_NAMES = ("n_mini", "n_minibatches", "num_minibatches")
+"""Config leaves that give the optimizer updates per collected batch (``rl/n_mini``)."""
+
+BUDGET_CONFIG_NAMES = ("max_tokens", "max_new_tokens")
+"""Config leaves that give the rollout token budget (``rollout/max_tokens``)."""
+
+# -- keys --------------------------------------------------------------------------------------------
+
+CLIP_FRAC = "train/clip_frac"
+RATIO_ABSDEV = "train/ratio_absdev"
+GROUPS = "train/grpo_group_count"
+INFORMATIVE = "train/grpo_informative_group_count"
+ALL_ZERO = "train/grpo_all_zero_group_count"
+ALL_ONE = "train/grpo_all_one_group_count"
+ZERO_GRAD = "optim/zero_grad_skips_total"
+KL_MEAN = "train/kl_mean"
+KL_MAX = "train/kl_max"
+GRAD_NORM = "train/grad_norm"
+LOSS = "train/loss_avg"
+TRUNCATED = "train/rollout_truncated_frac"
+LEN_MAX = "train/response_len_max"
+VALID_SEQ = "train/valid_sequence_count"
+VALID_TOKENS = "train/valid_token_count"
+GAP_MEAN = "train/logprob_gap_mean"
+GAP_P99 = "train/mean_rank_logprob_gap_p99"
+GAP_COUNT = "train/logprob_gap_token_count"
+OUTCOME = "optim/update_outcome"
+SKIP_REASON = "optim/skip_reason"
+NONFINITE_TOTAL = "optim/nonfinite_skips_total"
+NONFINITE_CONSECUTIVE = "optim/nonfinite_skips_consecutive"
+POLICY_STEP = "optim/policy_optimizer_step"
+CRITIC_STEP = "optim/critic_optimizer_step"
+DPO_ACCURACY = "train/dpo_accuracy"
+SC_RHO_MAX = "train/sc_rho_max"
+SC_TOKENS = "train/sc_token_count"
+
+
+# -- what the checks read ------------------------------------------------------------------------------
+
+
+class JournalLike(Protocol):
+    """What the doctor needs of a journal (``integrations.journal.Journal`` has it); core does not
+    import integrations, so it names the shape rather than the class."""
+
+    @property
+    def path(self) -> os.PathLike[str]: ...
+
+    @property
+    def header(self) -> Mapping[str, Any]: ...
+
+    @property
+    def frames(self) -> Sequence[Frame]: ...
+
+    @property
+    def end(self) -> Mapping[str, Any] | None: ...
+
+    @property
+    def warnings(self) -> Sequence[str]: ...
+
+    @property
+    def run_id(self) -> str: ...
+
+    @property
+    def adapters(self) -> Sequence[str]: ...
+
+    @property
+    def config(self) -> Mapping[str, Any]: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    """One check that fired: where (``steps``, empty for a run-level finding), why and what next.
+
+    ``keys`` are the journal keys the finding is about (the plot marks the panels that show them).
+    """
+
+    check: str
+    severity: Severity
+    steps: tuple[int, ...]
+    explanation: str
+    next_step: str
+    keys: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "check": self.check,
+            "severity": self.severity.value,
+            "steps": list(self.steps),
+            "step_ranges": step_ranges(self.steps),
+            "explanation": self.explanation,
+            "next_step": self.next_step,
+            "keys": list(self.keys),
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class _Hit:
+    """What a check function yields; :func:`run_checks` adds the check's id and default severity."""
+
+    steps: Iterable[int]
+    explanation: str
+    next_step: str
+    keys: tuple[str, ...]
+    severity: Severity | None = None
+
+
+class _Run:
+    """The journal as the checks read it: frames per phase, numeric series, config lookups."""
+
+    def __init__(self, journal: JournalLike) -> None:
+        self.journal = journal
+        self.frames = tuple(journal.frames)
+        self.train = tuple(f for f in self.frames if f.phase == "train")
+        self.config = dict(journal.config)
+        self.adapters = tuple(journal.adapters)
+
+    def series(self, key: str) -> list[tuple[int, float]]:
+        """``(step, value)`` of the train frames carrying a finite number under ``key``."""
+        out = []
+        for frame in self.train:
+            value = _number(frame.metrics.get(key))
+            if value is not None:
+                out.append((frame.step, value))
+        return out
+
+
+def _number(value: object) -> float | None:
+    """A finite int or float as a float; ``None`` for absent, labels, bools and non-finite values."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def config_int(config: Mapping[str, Any], names: Sequence[str], prefer: str = "") -> tuple[int | None, str]:
+    """An integer from the flat run config: ``(value, where)`` or ``(None, why not)``.
+
+    A key matches when its last ``/`` component is one of ``names``. Different values under several
+    matching keys are settled by the ones starting with ``prefer/``, or give ``None``.
+
+    >>> config_int({"rl/n_mini": 4, "model/hidden": 8}, ("n_mini",))
+    (4, 'rl/n_mini')
+    >>> config_int({}, ("n_mini",))[0] is None
+    True
+    """
+    found: dict[str, int] = {}
+    for key, raw in config.items():
+        if str(key).rsplit("/", 1)[-1] not in names:
+            continue
+        value = _as_int(raw)
+        if value is not None:
+            found[str(key)] = value
+    wanted = " or ".join(f"'.../{n}'" for n in names)
+    if not found:
+        return None, f"no config key named {wanted}"
+    for candidates in (found, {k: v for k, v in found.items() if prefer and k.startswith(prefer + "/")}):
+        if len(set(candidates.values())) == 1:
+            key = sorted(candidates)[0]
+            return candidates[key], key
+    return None, f"config keys disagree: {', '.join(f'{k}={v}' for k, v in sorted(found.items()))}"
+
+
+def _as_int(raw: object) -> int | None:
+    if isinstance(raw, bool):
+        return None
+    if isinstance(raw, int):
+        return raw
+    if isinstance(raw, float) and raw.is_integer():
+        return int(raw)
+    if isinstance(raw, str) and raw.strip().lstrip("-").isdigit():
+        return int(raw.strip())
+    return None
+
+
+def _count(items: Sequence[object], noun: str) -> str:
+    return f"{len(items)} {noun}{'' if len(items) == 1 else 's'}"
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.4g}"
+
+
+def _baseline(values: Sequence[float]) -> list[float]:
+    return list(values[: max(1, math.ceil(len(values) * BASELINE_FRACTION))])
+
+
+# -- the checks ------------------------------------------------------------------------------------------
+
+
+def _clip_at_single_minibatch(run: _Run) -> Iterator[_Hit]:
+    clip, ratio = run.series(CLIP_FRAC), run.series(RATIO_ABSDEV)
+    if not clip and not ratio:
+        return
+    n_mini, where = config_int(run.config, MINIBATCH_CONFIG_NAMES, prefer="rl")
+    if n_mini is None:
+        yield _Hit(
+            (),
+            f"clip_frac/ratio_absdev at one minibatch per batch not checked: the run config does not "
+            f"say how many minibatches a batch has ({where})",
+            "record it in the config handed to the run (e.g. rl/n_mini) so the doctor can check that "
+            "clip_frac and ratio_absdev are exactly 0.0 when it is 1",
+            (CLIP_FRAC, RATIO_ABSDEV),
+            Severity.INFO,
+        )
+        return
+    if n_mini != 1:
+        return
+    bad = {s: v for s, v in clip if v > 0.0}
+    bad_ratio = {s: v for s, v in ratio if v > RATIO_ABSDEV_TOLERANCE}
+    steps = sorted(bad.keys() | bad_ratio.keys())
+    if not steps:
+        return
+    worst = ""
+    if bad:
+        s = max(bad, key=bad.__getitem__)
+        worst = f"; clip_frac up to {_fmt(bad[s])} (step {s})"
+    if bad_ratio:
+        s = max(bad_ratio, key=bad_ratio.__getitem__)
+        worst += f"; ratio_absdev up to {_fmt(bad_ratio[s])} (step {s})"
+    yield _Hit(
+        steps,
+        f"clip_frac/ratio_absdev nonzero with one minibatch per batch ({where} = 1): with one update "
+        f"per batch the policy has not moved since sampling, the ratio is identically 1 and both are "
+        f"0.0 by construction, so this is a bug, not tighter training{worst}",
+        "find where pi_old comes from: it must be the same policy and forward as the training pass "
+        "(not rollout-engine logprobs, not another dtype or a stale copy); see howto/batching.md",
+        (CLIP_FRAC, RATIO_ABSDEV),
+    )
+
+
+def _informative_groups(run: _Run) -> Iterator[_Hit]:
+    informative = run.series(INFORMATIVE)
+    if not informative:
+        return
+    groups = dict(run.series(GROUPS))
+    low = []
+    for step, value in informative:
+        total = groups.get(step)
+        if (total is not None and total > 0 and value <= INFORMATIVE_FRACTION_MIN * total) or (
+            total is None and value == 0
+        ):
+            low.append(step)
+    if not low:
+        return
+    zeros, ones = dict(run.series(ALL_ZERO)), dict(run.series(ALL_ONE))
+    tied_zero = sum(zeros.get(s, 0.0) for s in low)
+    tied_one = sum(ones.get(s, 0.0) for s in low)
+    why = ""
+    if tied_zero > tied_one:
+        why = " Most tied groups scored all 0: the task is too hard for the policy or the verifier is failing."
+    elif tied_one > tied_zero:
+        why = " Most tied groups scored all 1: the prompts are too easy (or already solved)."
+    skips = run.series(ZERO_GRAD)
+    zero_grad = ""
+    if skips:
+        rise = skips[-1][1] - (skips[0][1] if len(skips) > 1 else 0.0)
+        zero_grad = (
+            f" optim/zero_grad_skips_total rose by {_fmt(max(rise, 0.0))} over the run: those are the "
+            "trainer refusing zero gradients, expected in GRPO, not an optimizer fault."
+        )
+    yield _Hit(
+        low,
+        f"informative groups at or below {INFORMATIVE_FRACTION_MIN:.0%} of the groups scored at "
+        f"{len(low)} of {len(informative)} steps: groups whose rewards tie have zero advantage, so "
+        f"these batches carry (almost) no gradient signal.{why}{zero_grad}",
+        "a data or reward problem, not an optimizer one: check that the reward discriminates between "
+        "samples of a group (verifier up, prompt difficulty); consider dynamic sampling "
+        "(rl.min_informative_groups)",
+        (INFORMATIVE, GROUPS, ZERO_GRAD),
+    )
+
+
+def _kl_spike(run: _Run) -> Iterator[_Hit]:
+    kl_mean = dict(run.series(KL_MEAN))
+    spikes = {
+        s: mx / kl_mean[s]
+        for s, mx in run.series(KL_MAX)
+        if kl_mean.get(s, 0.0) > 0.0 and mx >= KL_MAX_MIN and mx >= KL_RATIO_MIN * kl_mean[s]
+    }
+    if not spikes:
+        return
+    grad = run.series(GRAD_NORM)
+    keys = (KL_MAX, KL_MEAN, GRAD_NORM)
+    if not grad:
+        yield _Hit(
+            sorted(spikes),
+            f"kl_max is {KL_RATIO_MIN:.0f}x kl_mean or more, but train/grad_norm is not recorded, so "
+            "the one-token-owns-the-step signature cannot be confirmed",
+            "record grad_norm (max_grad_norm > 0) to tell a harmless outlier token from one that owns "
+            "the update",
+            keys,
+            Severity.INFO,
+        )
+        return
+    jumps = {}
+    for i, (step, value) in enumerate(grad):
+        # zero norms are zero-gradient skips, not a scale: they stay out of the baseline
+        history = [v for _, v in grad[max(0, i - GRAD_BASELINE_WINDOW) : i] if v > 0]
+        if len(history) >= GRAD_BASELINE_MIN:
+            base = statistics.median(history)
+            if base > 0 and value >= GRAD_JUMP_FACTOR * base:
+                jumps[step] = value / base
+    steps = sorted(s for s in spikes if s in jumps)
+    if not steps:
+        return
+    worst = max(steps, key=spikes.__getitem__)
+    yield _Hit(
+        steps,
+        f"kl_max orders of magnitude above kl_mean (up to {spikes[worst]:.3g}x at step {worst}) together "
+        f"with a grad_norm jump ({jumps[worst]:.3g}x its recent median): one token owns the step",
+        "bound the per-token KL gradient with rl.kl_coeff_clamp (the reported kl_* stay the exact k3), "
+        "and look at which token carries the max penalty",
+        keys,
+    )
+
+
+def _length_budget(run: _Run) -> Iterator[_Hit]:
+    truncated = run.series(TRUNCATED)
+    lengths = dict(run.series(LEN_MAX))
+    if len(truncated) < TREND_MIN_FRAMES or not lengths:
+        return
+    budget, where = config_int(run.config, BUDGET_CONFIG_NAMES, prefer="rollout")
+    if budget is None:
+        budget = int(max(lengths.values()))
+        where = f"the run's longest response ({where}; set rollout/max_tokens in the config to be exact)"
+    first = _baseline([v for _, v in truncated])
+    base = statistics.fmean(first)
+    steps = [
+        s for s, v in truncated[len(first) :]
+        if v >= base + TRUNCATION_RISE and lengths.get(s, -math.inf) >= budget
+    ]
+    if not steps:
+        return
+    last = max(v for s, v in truncated if s in steps)
+    yield _Hit(
+        steps,
+        f"rollout_truncated_frac rose from {_fmt(base)} (first {BASELINE_FRACTION:.0%} of steps) to up "
+        f"to {_fmt(last)} with response_len_max pinned at the budget {budget} (from {where}): responses "
+        "are running into the token budget, and each cut completion is scored on an unfinished answer",
+        "raise rollout.max_tokens, add a length penalty, or mask cut completions out of the loss "
+        "(rl.mask_truncated_completions; train/valid_sequence_count then drops)",
+        (TRUNCATED, LEN_MAX, VALID_SEQ),
+    )
+
+
+def _gap_series(run: _Run) -> list[tuple[int, float]]:
+    counts = dict(run.series(GAP_COUNT))
+    return [(s, v) for s, v in run.series(GAP_MEAN) if counts.get(s, 1.0) > 0]
+
+
+def _logprob_gap_rising(run: _Run) -> Iterator[_Hit]:
+    gap = _gap_series(run)
+    if len(gap) < TREND_MIN_FRAMES:
+        return
+    base = statistics.median(_baseline([v for _, v in gap]))
+    floor = max(GAP_RISE_FACTOR * base, base + GAP_RISE_MIN)
+    steps = [s for s, v in gap if v >= floor]
+    if not steps:
+        return
+    peak = max(v for s, v in gap if s in steps)
+    yield _Hit(
+        steps,
+        f"the train/infer logprob gap rose from {_fmt(base)} to {_fmt(peak)} nats: on an MoE policy a "
+        "rising gap is the routing-flip collapse signature (GSPO, Rollout Routing Replay); on a dense "
+        "model it should stay at kernel and precision noise",
+        "MoE: replay the rollout's routing (rl.routing_replay=rollout) or use sequence-level ratios "
+        "(GSPO); do not use rollout logprobs as pi_old while the gap is large; dense: compare the "
+        "engine's and the trainer's precision and kernels",
+        (GAP_MEAN, GAP_P99, GAP_COUNT),
+    )
+
+
+def _logprob_gap_no_data(run: _Run) -> Iterator[_Hit]:
+    # A step with no loss tokens (every group tied and masked out) has nothing to compare: its
+    # count is 0 without saying anything about the producer, so it is not counted either way.
+    tokens = dict(run.series(VALID_TOKENS))
+    counts = [(s, v) for s, v in run.series(GAP_COUNT) if tokens.get(s, 1.0) > 0]
+    empty = [s for s, v in counts if v == 0]
+    if not empty:
+        return
+    keys = (GAP_COUNT, GAP_MEAN)
+    if len(empty) == len(counts):
+        yield _Hit(
+            (),
+            "logprob_gap_token_count is 0 at every step: the rollout records no logprobs, so the "
+            "logprob_gap_* keys read 0.0 for lack of data, not for lack of a gap",
+            "to measure train/infer consistency use a rollout that records logprobs (vLLM always does; "
+            "HFRollout(capture_logprobs=True))",
+            keys,
+        )
+        return
+    yield _Hit(
+        empty,
+        f"logprob_gap_token_count is 0 at {len(empty)} of {len(counts)} steps: the gap there is 0.0 "
+        "for lack of data, not for lack of a gap, and the producer records logprobs only sometimes",
+        "find which rollout produced those batches; read the gap only where the count is positive",
+        keys,
+        Severity.WARNING,
+    )
+
+
+def _skips(run: _Run) -> tuple[list[tuple[int, str]], list[int]]:
+    """Rejected updates ``(step, reason)`` and zero-gradient skips (steps) of the train frames.
+
+    A skip counts as a zero-gradient skip, expected in GRPO, when it names no ``skip_reason``, the
+    frame's ``zero_grad_skips_total`` rose and ``nonfinite_skips_total`` did not.
+    """
+    rejected: list[tuple[int, str]] = []
+    zero_grad: list[int] = []
+    previous = {ZERO_GRAD: 0.0, NONFINITE_TOTAL: 0.0}
+    for frame in run.train:
+        now = {k: _number(frame.metrics.get(k)) for k in previous}
+        rose = {k: v is not None and v > previous[k] for k, v in now.items()}
+        if rose[ZERO_GRAD]:
+            zero_grad.append(frame.step)
+        if frame.metrics.get(OUTCOME) == "skipped":
+            reason = frame.metrics.get(SKIP_REASON)
+            if reason is not None or rose[NONFINITE_TOTAL] or not rose[ZERO_GRAD]:
+                rejected.append((frame.step, str(reason) if reason is not None else "no skip_reason"))
+        previous.update({k: v for k, v in now.items() if v is not None})
+    return rejected, zero_grad
+
+
+def _update_skipped(run: _Run) -> Iterator[_Hit]:
+    rejected, _ = _skips(run)
+    if not rejected:
+        return
+    reasons: dict[str, int] = {}
+    for _, reason in rejected:
+        reasons[reason] = reasons.get(reason, 0) + 1
+    why = ", ".join(f"{r} x{n}" for r, n in sorted(reasons.items()))
+    grpo = "grpo" in run.adapters
+    fate = (
+        "at the GRPO entry this is fatal: the loop raises rather than continuing on a rejected update"
+        if grpo
+        else "the update was rejected and its batch lost"
+    )
+    yield _Hit(
+        [s for s, _ in rejected],
+        f"optim/update_outcome is 'skipped' at {_count(rejected, 'step')} ({why}): {fate}",
+        "go to the first such step: a non-finite loss (rewards, logprob dtype) or gradient (learning "
+        "rate, max_grad_norm); resume from a checkpoint before it",
+        (OUTCOME, SKIP_REASON, LOSS, GRAD_NORM),
+        None if grpo else Severity.WARNING,
+    )
+
+
+def _zero_grad_skips(run: _Run) -> Iterator[_Hit]:
+    _, steps = _skips(run)
+    if steps:
+        yield _Hit(
+            steps,
+            f"optim/zero_grad_skips_total rose at {_count(steps, 'step')}: the trainer skipped updates whose "
+            "gradient was exactly zero (all groups tied), which is expected in GRPO, not a fault",
+            "read it with train/grpo_informative_group_count; only a reward that stops discriminating "
+            "(informative groups near zero) makes it a problem",
+            (ZERO_GRAD, OUTCOME, INFORMATIVE),
+        )
+
+
+def _nonfinite_in_a_row(run: _Run) -> Iterator[_Hit]:
+    steps = [s for s, v in run.series(NONFINITE_CONSECUTIVE) if v >= NONFINITE_CONSECUTIVE_MAX]
+    if steps:
+        peak = max(v for _, v in run.series(NONFINITE_CONSECUTIVE))
+        yield _Hit(
+            steps,
+            f"{_fmt(peak)} non-finite rejections in a row (threshold {NONFINITE_CONSECUTIVE_MAX}): the "
+            "weights or optimizer state, not one bad batch, produce the non-finite values",
+            "stop the run and resume from a checkpoint before the first rejection with a lower learning "
+            "rate or gradient clipping; check the loss and logprob precision",
+            (NONFINITE_CONSECUTIVE, NONFINITE_TOTAL, OUTCOME),
+        )
+
+
+def _nonfinite_applied(run: _Run) -> Iterator[_Hit]:
+    steps, keys = [], set()
+    for frame in run.train:
+        if frame.metrics.get(OUTCOME) != "applied":
+            continue
+        bad = [k for k in (LOSS, GRAD_NORM) if _is_nonfinite(frame.metrics.get(k))]
+        if bad:
+            steps.append(frame.step)
+            keys.update(bad)
+    if steps:
+        yield _Hit(
+            steps,
+            f"a non-finite {' / '.join(sorted(keys))} on an update whose outcome is 'applied': the "
+            "optimizer stepped on it, so the weights may now be non-finite",
+            "turn on force_finite_grads (optim/finite_gradient_check_enabled) and resume from a "
+            "checkpoint before the first such step",
+            (*sorted(keys), OUTCOME),
+        )
+
+
+def _is_nonfinite(value: object) -> bool:
+    return isinstance(value, float) and not math.isfinite(value)
+
+
+def _nonfinite_values(run: _Run) -> Iterator[_Hit]:
+    where: dict[str, list[int]] = {}
+    for frame in run.frames:
+        for key, value in frame.metrics.items():
+            if _is_nonfinite(value):
+                where.setdefault(key, []).append(frame.step)
+    # one finding per set of steps, so a finding's keys are non-finite at every one of its steps
+    by_steps: dict[tuple[int, ...], list[str]] = {}
+    for key, steps in sorted(where.items()):
+        by_steps.setdefault(tuple(sorted(set(steps))), []).append(key)
+    for at, keys in sorted(by_steps.items()):
+        listed = ", ".join(keys[:6]) + (f" and {len(keys) - 6} more" if len(keys) > 6 else "")
+        yield _Hit(
+            at,
+            f"non-finite values (NaN/inf) in {_count(keys, 'key')}: {listed}",
+            "trace the first step back to its producer (loss, rewards, logprobs); the journal keeps the "
+            "values exactly, trackers that cannot store them count them under health/nonfinite/<key>",
+            tuple(keys),
+        )
+
+
+def _ppo_counters(run: _Run) -> Iterator[_Hit]:
+    steps, details = [], []
+    previous: tuple[int, float, float] | None = None
+    for frame in run.train:
+        policy = _number(frame.metrics.get(POLICY_STEP))
+        critic = _number(frame.metrics.get(CRITIC_STEP))
+        current = None if policy is None or critic is None else (frame.step, policy, critic)
+        if previous is not None and current is not None:
+            dp, dc = current[1] - previous[1], current[2] - previous[2]
+            if dp != dc:
+                steps.append(frame.step)
+                details.append(f"steps {previous[0]}->{frame.step}: policy +{dp:g}, critic +{dc:g}")
+        previous = current  # only adjacent frames: a warmup iteration in between breaks the pair
+    if steps:
+        more = f" (and {len(details) - 3} more)" if len(details) > 3 else ""
+        yield _Hit(
+            steps,
+            "PPO policy and critic optimizer counters advanced by different amounts ("
+            + "; ".join(details[:3]) + more + "): both roles must run the same configured number of "
+            "minibatches per iteration",
+            "a role lost or repeated minibatch updates: check the role receipts, the minibatch settings "
+            "of both roles, and optimizer state restored on resume",
+            (POLICY_STEP, CRITIC_STEP),
+        )
+
+
+def _dpo_accuracy(run: _Run) -> Iterator[_Hit]:
+    accuracy = run.series(DPO_ACCURACY)
+    if len(accuracy) < TREND_MIN_FRAMES:
+        return
+    tail = accuracy[-max(1, math.ceil(len(accuracy) * BASELINE_FRACTION)) :]
+    level = statistics.fmean(v for _, v in tail)
+    if level >= DPO_CHANCE + DPO_MIN_RISE:
+        return
+    below = level <= DPO_CHANCE - DPO_MIN_RISE
+    yield _Hit(
+        [s for s, _ in tail],
+        f"train/dpo_accuracy averages {_fmt(level)} over the last {len(tail)} steps: it has not risen "
+        f"from chance ({DPO_CHANCE})"
+        + ("; below chance, the policy prefers the rejected samples" if below else ""),
+        ("check that winner and loser are not swapped in the data; " if below else "")
+        + "check the learning rate, beta and the reference model (dpo_reward_margin, dpo_err_*)",
+        (DPO_ACCURACY,),
+    )
+
+
+def _sc_rho_max(run: _Run) -> Iterator[_Hit]:
+    tokens = dict(run.series(SC_TOKENS))
+    large = [(s, v) for s, v in run.series(SC_RHO_MAX) if v >= SC_RHO_MAX_LARGE and tokens.get(s, 1.0) > 0]
+    if large:
+        step, peak = max(large, key=lambda sv: sv[1])
+        yield _Hit(
+            [s for s, _ in large],
+            f"sc_rho_max reached {_fmt(peak)} (step {step}; 1.0 when sampler and trainer agree): a "
+            "confident trainer against an unsure sampler, where the 1e-6 tail floor bites",
+            "compare sc_head_mass_q/p and sc_kl_head; check that sampler and trainer run the same "
+            "weights and temperature, or widen the sampler's top-k head",
+            (SC_RHO_MAX, SC_TOKENS),
+        )
+
+
+def _step_order(run: _Run) -> Iterator[_Hit]:
+    latest: dict[str, int] = {}
+    steps: list[int] = []
+    examples: list[str] = []
+    for frame in run.frames:
+        last = latest.get(frame.phase)
+        if last is not None and frame.step <= last:
+            steps.append(frame.step)
+            if len(examples) < 3:
+                examples.append(f"{frame.phase} step {frame.step} after {last}")
+        latest[frame.phase] = max(frame.step, last if last is not None else frame.step)
+    if steps:
+        yield _Hit(
+            steps,
+            f"steps go backwards or repeat ({'; '.join(examples)}): a resumed run that replayed steps, "
+            "or two runs in one journal; trackers keep only one point per step",
+            "resume from the checkpoint's step (not step 0), or give each run its own journal",
+            (),
+        )
+
+
+def _journal_integrity(run: _Run) -> Iterator[_Hit]:
+    for note in run.journal.warnings:
+        yield _Hit(
+            (),
+            f"{note}; the complete lines before it were read",
+            "the writer was killed mid-line (a crash or a lost machine); nothing to fix unless the run "
+            "should still be going",
+            (),
+        )
+
+
+def _run_end(run: _Run) -> Iterator[_Hit]:
+    end = run.journal.end
+    if end is None:
+        yield _Hit(
+            (),
+            "the journal has no end record: the run is still going, or was killed before it closed",
+            "if it is not running, look at the job's log around its last step",
+            (),
+            Severity.INFO,
+        )
+    elif end.get("status") == "failed":
+        yield _Hit(
+            (),
+            "the run ended with status 'failed' (an exception unwound the training loop)",
+            "look at the job's log around the last step; the findings above may say why",
+            (),
+        )
+
+
+# -- the table -----------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """A registered check: its id, default severity, the keys it reads and its threshold in words."""
+
+    id: str
+    severity: Severity
+    reads: tuple[str, ...]
+    threshold: str
+    run: Callable[[_Run], Iterable[_Hit]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "severity": self.severity.value, "reads": list(self.reads),
+                "threshold": self.threshold}
+
+
+CHECKS: tuple[Check, ...] = (
+    Check("clip_at_single_minibatch", Severity.ERROR, (CLIP_FRAC, RATIO_ABSDEV, "config .../n_mini"),
+          f"clip_frac > 0 or ratio_absdev > {RATIO_ABSDEV_TOLERANCE:g} at n_mini == 1 "
+          "(info when n_mini is unknown)", _clip_at_single_minibatch),
+    Check("update_skipped", Severity.ERROR, (OUTCOME, SKIP_REASON, ZERO_GRAD, NONFINITE_TOTAL),
+          "update_outcome == 'skipped', zero-gradient skips excepted (warning outside GRPO)", _update_skipped),
+    Check("nonfinite_in_a_row", Severity.ERROR, (NONFINITE_CONSECUTIVE,),
+          f"nonfinite_skips_consecutive >= {NONFINITE_CONSECUTIVE_MAX}", _nonfinite_in_a_row),
+    Check("nonfinite_applied", Severity.ERROR, (LOSS, GRAD_NORM, OUTCOME),
+          "loss_avg or grad_norm NaN/inf where update_outcome == 'applied'", _nonfinite_applied),
+    Check("ppo_counter_mismatch", Severity.ERROR, (POLICY_STEP, CRITIC_STEP),
+          "policy and critic counters advance differently between adjacent frames", _ppo_counters),
+    Check("informative_groups_low", Severity.WARNING, (INFORMATIVE, GROUPS, ZERO_GRAD),
+          f"informative <= {INFORMATIVE_FRACTION_MIN:.0%} of group_count (or 0)", _informative_groups),
+    Check("kl_spike", Severity.WARNING, (KL_MAX, KL_MEAN, GRAD_NORM),
+          f"kl_max >= {KL_RATIO_MIN:g} x kl_mean and >= {KL_MAX_MIN:g} nat, with grad_norm >= "
+          f"{GRAD_JUMP_FACTOR:g} x median of the previous {GRAD_BASELINE_WINDOW}", _kl_spike),
+    Check("length_budget", Severity.WARNING, (TRUNCATED, LEN_MAX, "config .../max_tokens"),
+          f"truncated_frac >= first-{BASELINE_FRACTION:.0%} mean + {TRUNCATION_RISE:g} with "
+          "response_len_max at the budget", _length_budget),
+    Check("logprob_gap_rising", Severity.WARNING, (GAP_MEAN, GAP_COUNT),
+          f"gap >= max({GAP_RISE_FACTOR:g} x baseline, baseline + {GAP_RISE_MIN:g} nats)",
+          _logprob_gap_rising),
+    Check("logprob_gap_no_data", Severity.INFO, (GAP_COUNT, VALID_TOKENS),
+          "logprob_gap_token_count == 0 where valid_token_count > 0 (warning when only at some steps)",
+          _logprob_gap_no_data),
+    Check("dpo_accuracy_flat", Severity.WARNING, (DPO_ACCURACY,),
+          f"last-{BASELINE_FRACTION:.0%} mean of dpo_accuracy < {DPO_CHANCE + DPO_MIN_RISE:g}", _dpo_accuracy),
+    Check("sc_rho_max_large", Severity.WARNING, (SC_RHO_MAX, SC_TOKENS),
+          f"sc_rho_max >= {SC_RHO_MAX_LARGE:g}", _sc_rho_max),
+    Check("nonfinite_values", Severity.WARNING, ("*",), "any NaN/inf value in the journal", _nonfinite_values),
+    Check("step_order", Severity.WARNING, ("step",), "a step <= an earlier step of the same phase", _step_order),
+    Check("journal_integrity", Severity.WARNING, ("journal",), "a torn last line was skipped", _journal_integrity),
+    Check("run_end", Severity.WARNING, ("journal end",), "status 'failed' (info: no end record)", _run_end),
+    Check("zero_grad_skips", Severity.INFO, (ZERO_GRAD,), "zero_grad_skips_total rose", _zero_grad_skips),
+)
+"""Every check the doctor runs, in report order within a severity."""
+
+
+def run_checks(journal: JournalLike) -> list[Finding]:
+    """Every finding of every check in :data:`CHECKS`, errors first, then warnings, then info."""
+    run = _Run(journal)
+    findings = []
+    for check in CHECKS:
+        for hit in check.run(run):
+            findings.append(
+                Finding(check.id, hit.severity or check.severity, tuple(sorted(set(hit.steps))),
+                        hit.explanation, hit.next_step, hit.keys)
+            )
+    order = list(Severity)
+    return sorted(findings, key=lambda f: order.index(f.severity))  # stable: table order within
+
+
+def exit_status(findings: Iterable[Finding]) -> int:
+    """1 when an error-level check fired, else 0 (a CI pipeline gates on it)."""
+    return 1 if any(f.severity is Severity.ERROR for f in findings) else 0
+
+
+def step_ranges(steps: Iterable[int], *, limit: int | None = None) -> str:
+    """Steps compressed into ranges; ``limit`` caps the ranges shown.
+
+    >>> step_ranges([12, 13, 14, 18, 40, 41])
+    '12-14, 18, 40-41'
+    >>> step_ranges(range(0, 20, 2), limit=3)
+    '0, 2, 4, ... (+7 more)'
+    """
+    ordered = sorted(set(steps))
+    ranges: list[str] = []
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        ranges.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    if limit is not None and len(ranges) > limit:
+        return ", ".join(ranges[:limit]) + f", ... (+{len(ranges) - limit} more)"
+    return ", ".join(ranges)
+
+
+def _run_summary(journal: JournalLike) -> dict[str, Any]:
+    phases: dict[str, list[int]] = {}
+    for frame in journal.frames:
+        phases.setdefault(frame.phase, []).append(frame.step)
+    end = journal.end
+    return {
+        "id": journal.run_id,
+        "name": str(journal.header.get("name", "")),
+        "path": os.fspath(journal.path),
+        "adapters": list(journal.adapters),
+        "status": str(end.get("status", "?")) if end is not None else "no end record",
+        "phases": {
+            phase: {"frames": len(steps), "first_step": min(steps), "last_step": max(steps)}
+            for phase, steps in phases.items()
+        },
+    }
+
+
+def format_findings(findings: Sequence[Finding], *, as_json: bool, journal: JournalLike) -> str:
+    """The report: a header about the run, then findings by severity; or one JSON object."""
+    run = _run_summary(journal)
+    counts = {s.value: sum(f.severity is s for f in findings) for s in Severity}
+    if as_json:
+        return json.dumps(
+            {
+                "format": "posttrain-metrics-doctor",
+                "version": 1,
+                "run": run,
+                "exit_status": exit_status(findings),
+                "counts": counts,
+                "findings": [f.to_dict() for f in findings],
+                "checks": [c.to_dict() for c in CHECKS],
+            },
+            indent=2,
+            allow_nan=False,
+        )
+    phases = ", ".join(
+        f"{p['frames']} {name} frames (steps {p['first_step']}-{p['last_step']})"
+        for name, p in run["phases"].items()
+    ) or "no frames"
+    lines = [
+        f"run {run['name'] or '(unnamed)'} (id {run['id']}): {phases}",
+        f"adapters {', '.join(run['adapters']) or '(none)'}; status {run['status']}; {run['path']}",
+    ]
+    if not findings:
+        lines.append(f"healthy: none of the {len(CHECKS)} checks fired")
+        return "\n".join(lines)
+    lines.append(", ".join(f"{n} {s}{'s' if n != 1 and s != 'info' else ''}" for s, n in counts.items()))
+    wrap = textwrap.TextWrapper(width=100, initial_indent="    ", subsequent_indent="    ")
+    for severity in Severity:
+        group = [f for f in findings if f.severity is severity]
+        if not group:
+            continue
+        lines.append("")
+        lines.append(f"{severity.value.upper()} ({len(group)})")
+        for finding in group:
+            where = f" at steps {step_ranges(finding.steps, limit=12)}" if finding.steps else ""
+            lines.append(f"  [{finding.check}]{where}")
+            lines.extend(wrap.wrap(finding.explanation))
+            lines.extend(wrap.wrap("next: " + finding.next_step))
+    return "\n".join(lines)

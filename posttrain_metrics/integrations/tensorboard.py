@@ -1,0 +1,494 @@
+"""The TensorBoard sink: event files written with TensorBoard's own writer; no torch, no TensorFlow.
+
+``TensorBoardSink(log_dir=...)`` writes one run into ``log_dir`` (``{name}`` and ``{run_id}`` in the
+path are filled in at start); point ``tensorboard --logdir`` at its parent to compare runs. What the
+dashboard then shows:
+
+- **Scalars.** Every numeric key of a step under its own tag (``train/loss_avg``,
+  ``train/grad_norm``, ``optim/optimizer_step`` ...), all of a step's keys in *one* event: one
+  record, one checksum and one queue hand-off per step instead of one per key. The first point of
+  each tag carries the catalogue's meaning, unit and reduction as the chart's description. Each
+  categorical key also charts as one 0/1 series per label (``optim/update_outcome/skipped``).
+  A key a step did not publish has no point at that step: PPO's critic-only warmup iterations
+  leave the policy charts empty there, never zero.
+- **Text.** The label of each categorical key at each step (``optim/update_outcome``:
+  ``skipped``), and the run's config (flattened, secrets redacted) as a table under ``config``,
+  written at start so that a killed run shows it too.
+- **Custom scalars.** A layout derived from the catalogue, so the dashboard opens organised:
+  first ``<ALGO> headline`` (the keys the catalogue marks as headline: loss, reward, pre-clip
+  gradient norm, informative groups, KL, the update outcome), expanded; then one collapsed
+  category per topic: a key's declared family (``GRPO logprob gap``); a leaf prefix shared by at
+  least three keys of an adapter (``GRPO KL``, ``GRPO score centering``, ``GRPO response length``,
+  ``PPO policy``, ``PPO critic``), which also takes the keys weighted by its token count and admits
+  no key weighted by another one; the adapter's other keys (``GRPO``, ``PPO``, ``reward & groups``,
+  ``trainer``); last the fixed namespaces (``optimizer outcome`` for ``optim/*``, ``timing`` for
+  ``timer/*``). One chart per key; ``train/`` and ``val/`` of one leaf share a chart;
+  ``<x>_mean`` with ``<x>_min`` and ``<x>_max`` is one band chart; a categorical key is one chart
+  of its label series. A user's own adapter is laid out by the same rules from its declarations.
+  Keys a run never publishes (score centering when it is off) leave empty charts in collapsed
+  categories.
+- **HParams.** At close, a session in ``<log_dir>/hparams`` with the config as hyperparameters
+  (plus ``adapters``), the status (success, or failure when the run failed) and, as its metrics,
+  the run aggregate of every key under ``run/<key>``: computed with each key's own semantics
+  (token-weighted means over the whole run, totals for sums, the run's maximum and minimum, the
+  last value of counters, the number of steps per outcome label), not TensorBoard's last value.
+  No experiment summary is written, so TensorBoard takes the union of every run's hyperparameters
+  and the runs of one logdir compare side by side.
+
+Files are flushed after every step by default (``flush="step"``; ``flush=N`` flushes once the
+frames since the last flush span N steps) and at close, so a short or killed run leaves readable
+files (TensorBoard's writer otherwise holds events in a queue and flushes every two minutes).
+Values are float32, TensorBoard's scalar type: about seven significant digits, integers exact up to
+2**24. NaN, +inf and -inf are stored as such; a finite value beyond float32's range would become
++/-inf and is warned about once per key. The journal keeps every value exactly.
+
+>>> sink = TensorBoardSink(log_dir="runs/{name}", flush=10)  # no I/O and no tensorboard import yet
+>>> sink.name, sorted(sink.stores_nonfinite)
+('tensorboard', ['inf', 'nan'])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+import time
+import types
+import warnings
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..core.adapter import PHASES, Metric
+from ..core.errors import MetricsError
+from ..core.frame import Frame
+from ..core.keys import KeyInfo
+from ..core.reduction import Reduction
+from ..core.summary import RunSummary
+from ..core.values import Scalar
+from .base import RunInfo
+
+__all__ = [
+    "AGGREGATE_PREFIX",
+    "CONFIG_TAG",
+    "HPARAMS_DIR",
+    "INSTALL",
+    "Category",
+    "Chart",
+    "TensorBoardSink",
+    "dashboard_layout",
+]
+
+INSTALL = "pip install 'posttrain-metrics[tensorboard]'"
+HPARAMS_DIR = "hparams"
+"""Sub-directory of ``log_dir`` holding the hparams session (a run of its own in TensorBoard)."""
+AGGREGATE_PREFIX = "run/"
+"""Tag prefix of the run aggregates in the hparams session (``run/train/loss_avg``)."""
+CONFIG_TAG = "config"
+"""Text tag of the run's config table (written at start)."""
+
+# Doubles at or beyond this magnitude round to +/-inf in float32 (2**128 less half a float32 ulp).
+_F32_OVERFLOW = 2.0**128 * (1.0 - 2.0**-25)
+
+# Display names only: a user's adapter is shown under its own name.
+_ADAPTER_TITLES = {
+    "grpo": "GRPO", "ppo": "PPO", "dpo": "DPO", "nft": "NFT", "opd_direct": "OPD direct",
+    "opd_advantage": "OPD advantage", "flow_bc": "flow-BC", "reward": "reward & groups",
+}
+_TOPIC_TITLES = {"kl": "KL", "sc": "score centering", "response": "response length"}
+_NAMESPACE_TITLES = {"optim": "optimizer outcome", "timer": "timing"}
+_MIN_GROUP = 3  # a leaf prefix shared by this many charts of an adapter makes a topic
+_DOMINANT = 0.6  # ... unless it is the adapter's own prefix (shared by most of its keys)
+
+
+# -- the custom-scalars layout, as plain data -----------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Chart:
+    """One chart: a multiline chart of the tags matching ``tags`` (anchored regexes), or, when
+    ``bands`` is set, a margin chart of ``(value, lower, upper)`` tag triples."""
+
+    title: str
+    tags: tuple[str, ...] = ()
+    bands: tuple[tuple[str, str, str], ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Category:
+    """A titled group of charts; ``closed`` categories start collapsed."""
+
+    title: str
+    charts: tuple[Chart, ...]
+    closed: bool = True
+
+
+@dataclasses.dataclass
+class _Unit:
+    """What one chart shows: a leaf under every phase it is published in, or a mean/min/max band."""
+
+    adapter: str
+    leaf: str  # the band's stem for a band
+    infos: list[KeyInfo]  # one per phase (the ``_mean`` keys for a band)
+    bands: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)
+
+    @property
+    def metric(self) -> Metric:
+        return self.infos[0].metric
+
+    @property
+    def fixed_namespace(self) -> str | None:
+        ns = self.metric.namespace
+        return ns if ns is not None and ns not in PHASES else None
+
+    def chart(self) -> Chart:
+        keys = [i.key for i in self.infos]
+        if self.bands:
+            return Chart(f"{self._title(keys)} (mean, min to max)", bands=tuple(self.bands))
+        alternatives = "|".join(re.escape(k) for k in keys)
+        labels = self.metric.labels
+        if labels:
+            pattern = f"^(?:{alternatives})/(?:{'|'.join(re.escape(lab) for lab in labels)})$"
+            return Chart(f"{self._title(keys)} (1 = label of the step)", tags=(pattern,))
+        return Chart(self._title(keys), tags=(f"^(?:{alternatives})$",))
+
+    def _title(self, keys: list[str]) -> str:
+        if len(keys) == 1:
+            return keys[0] if not self.bands else keys[0].rsplit("_", 1)[0]
+        phases = ", ".join(k.split("/", 1)[0] for k in keys)
+        return f"{self.leaf} ({phases})"
+
+
+def _units(keys: Mapping[str, KeyInfo]) -> list[_Unit]:
+    by_leaf: dict[tuple[str, str | None, str], _Unit] = {}
+    for info in keys.values():
+        ident = (info.adapter, info.metric.namespace, info.metric.leaf)
+        if ident in by_leaf:
+            by_leaf[ident].infos.append(info)
+        else:
+            by_leaf[ident] = _Unit(info.adapter, info.metric.leaf, [info])
+    return list(by_leaf.values())
+
+
+def _with_bands(units: list[_Unit]) -> list[_Unit]:
+    """``<x>_mean`` + ``<x>_min`` + ``<x>_max`` of one adapter, same phases: one band unit."""
+    index = {(u.adapter, u.metric.namespace, u.leaf): u for u in units}
+    absorbed: set[int] = set()
+    out: list[_Unit] = []
+    for unit in units:
+        if id(unit) in absorbed:
+            continue
+        stem = unit.leaf.removesuffix("_mean") if unit.leaf.endswith("_mean") else ""
+        lo = index.get((unit.adapter, unit.metric.namespace, f"{stem}_min")) if stem else None
+        hi = index.get((unit.adapter, unit.metric.namespace, f"{stem}_max")) if stem else None
+        if lo is not None and hi is not None and len(lo.infos) == len(hi.infos) == len(unit.infos):
+            band = _Unit(unit.adapter, stem, unit.infos,
+                         [(m.key, low.key, high.key) for m, low, high in zip(unit.infos, lo.infos, hi.infos)])
+            absorbed.update({id(lo), id(hi)})
+            out.append(band)
+        else:
+            out.append(unit)
+    return [u for u in out if id(u) not in absorbed]
+
+
+def _adapter_title(name: str) -> str:
+    return _ADAPTER_TITLES.get(name, name)
+
+
+def _topics(units: list[_Unit], keys: Mapping[str, KeyInfo]) -> list[str]:
+    """The category title of every unit (see the module docstring for the rules)."""
+    titles: list[str | None] = [None] * len(units)
+    unit_of_key = {info.key: i for i, u in enumerate(units) for info in u.infos}
+    weights = {info.weight_key for info in keys.values() if info.weight_key}
+
+    def weight_unit(i: int) -> int | None:
+        w = units[i].infos[0].weight_key
+        return unit_of_key.get(w) if w else None
+
+    by_adapter: dict[str, list[int]] = {}
+    for i, unit in enumerate(units):
+        if unit.fixed_namespace is not None:
+            titles[i] = _NAMESPACE_TITLES.get(unit.fixed_namespace, unit.fixed_namespace)
+        elif unit.metric.family:
+            titles[i] = f"{_adapter_title(unit.adapter)} {unit.metric.family.replace('_', ' ')}"
+        else:
+            by_adapter.setdefault(unit.adapter, []).append(i)
+
+    for adapter, members in by_adapter.items():
+        token = {i: units[i].leaf.split("_", 1)[0] for i in members}
+        counts = Counter(token.values())
+        own = adapter.split("_", 1)[0]  # the adapter's own prefix (``dpo_``) names no topic
+        topic = {t for t, n in counts.items()
+                 if n >= _MIN_GROUP and n <= _DOMINANT * len(members) and t != own}
+        group: dict[int, str | None] = {i: token[i] if token[i] in topic else None for i in members}
+        # A group built around a token count (a population) admits only keys measured over it.
+        population = {t: {i for i in members if group[i] == t and units[i].infos[0].key in weights}
+                      for t in topic}
+        for i in members:
+            t, w = group[i], weight_unit(i)
+            if t is not None and w is not None and population[t] and w not in population[t]:
+                group[i] = None
+        # A key weighted by a group's token count joins that group.
+        for i in members:
+            w = weight_unit(i)
+            if w is not None and w in group and group[w] is not None:
+                group[i] = group[w]
+        sizes = Counter(t for t in group.values() if t is not None)
+        for i in members:
+            t = group[i]
+            if t is not None and sizes[t] >= _MIN_GROUP:
+                titles[i] = f"{_adapter_title(adapter)} {_TOPIC_TITLES.get(t, t)}"
+            else:
+                titles[i] = _adapter_title(adapter)
+    return [t or "" for t in titles]
+
+
+def dashboard_layout(keys: Mapping[str, KeyInfo], adapters: Sequence[str]) -> list[Category]:
+    """The custom-scalars layout of a run, derived from its key declarations.
+
+    >>> from posttrain_metrics.core.keys import describe
+    >>> from posttrain_metrics import get_adapter
+    >>> layout = dashboard_layout(describe([get_adapter("grpo")]), ["grpo"])
+    >>> [c.title for c in layout]  # doctest: +NORMALIZE_WHITESPACE
+    ['GRPO headline', 'GRPO', 'GRPO logprob gap', 'GRPO KL', 'GRPO response length',
+     'GRPO score centering']
+    """
+    units = _units(keys)
+    out: list[Category] = []
+    headline = [u.chart() for u in units if any(i.metric.headline for i in u.infos)]
+    if headline:
+        lead = _adapter_title(adapters[0]) if adapters else "run"
+        out.append(Category(f"{lead} headline", tuple(headline), closed=False))
+    topical = _with_bands(units)
+    charts: dict[str, list[Chart]] = {}
+    shared: dict[str, list[Chart]] = {}  # fixed namespaces (optim, timer) span adapters: last
+    for unit, title in zip(topical, _topics(topical, keys)):
+        (shared if unit.fixed_namespace else charts).setdefault(title, []).append(unit.chart())
+    out.extend(Category(title, tuple(group)) for title, group in {**charts, **shared}.items())
+    return out
+
+
+# -- the sink ------------------------------------------------------------------------------------
+
+
+def _description(key: str, keys: Mapping[str, KeyInfo]) -> str:
+    info = keys.get(key)
+    if info is None:
+        parent, _, label = key.rpartition("/")
+        if parent in keys and label in keys[parent].metric.labels:
+            return f"1 when `{parent}` is `{label}` at this step, else 0"
+        return ""
+    m = info.metric
+    how = m.reduction.value.replace("_", " ")
+    if info.weight_key and m.reduction is Reduction.WEIGHTED_MEAN:
+        how += f" by `{info.weight_key}`"
+    unit = f"{m.unit}; " if m.unit else ""
+    return f"{m.meaning} ({unit}{how} over chunks and ranks)" if m.meaning else f"({unit}{how})"
+
+
+def _config_table(run: RunInfo) -> str:
+    def cell(value: object) -> str:
+        return str(value).replace("|", "\\|").replace("\n", " ")
+
+    lines = [f"run `{run.name}` ({run.run_id}), adapters: {', '.join(run.adapters)}", "",
+             "| key | value |", "|---|---|"]
+    lines += [f"| {cell(k)} | {cell(v)} |" for k, v in run.config.items()]
+    return "\n".join(lines)
+
+
+def _import_tensorboard() -> Any:
+    try:
+        from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, types_pb2
+        from tensorboard.plugins.custom_scalar import layout_pb2
+        from tensorboard.plugins.custom_scalar import metadata as layout_metadata
+        from tensorboard.plugins.hparams import api_pb2, plugin_data_pb2
+        from tensorboard.plugins.hparams import metadata as hparams_metadata
+        from tensorboard.plugins.hparams import summary_v2 as hparams_summary
+        from tensorboard.plugins.scalar import metadata as scalar_metadata
+        from tensorboard.plugins.text import metadata as text_metadata
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+    except ImportError as exc:
+        raise ImportError(
+            f"the TensorBoard sink needs the tensorboard package, which could not be imported "
+            f"({exc}); fix:\n{INSTALL}"
+        ) from exc
+
+    return types.SimpleNamespace(
+        event_pb2=event_pb2, summary_pb2=summary_pb2, tensor_pb2=tensor_pb2, types_pb2=types_pb2,
+        layout_pb2=layout_pb2, layout_metadata=layout_metadata, api_pb2=api_pb2,
+        plugin_data_pb2=plugin_data_pb2, hparams_metadata=hparams_metadata,
+        hparams_summary=hparams_summary, scalar_metadata=scalar_metadata, text_metadata=text_metadata,
+        EventFileWriter=EventFileWriter,
+    )
+
+
+class TensorBoardSink:
+    """Writes a run to TensorBoard event files under ``log_dir`` (see the module docstring).
+
+    ``log_dir`` is the run's own directory (point TensorBoard at its parent to compare runs);
+    ``{name}`` and ``{run_id}`` in it are replaced by the run's name and id at start. ``flush`` is
+    ``"step"`` (after every frame) or N (once the frames since the last flush span N steps); files
+    are always flushed at close. ``layout`` writes the custom-scalars layout at start, ``hparams``
+    the hparams session with the run aggregates at close.
+    """
+
+    name = "tensorboard"
+    stores_nonfinite = frozenset({"nan", "inf"})
+
+    def __init__(
+        self,
+        *,
+        log_dir: str | os.PathLike[str],
+        flush: str | int = "step",
+        layout: bool = True,
+        hparams: bool = True,
+    ) -> None:
+        if flush == "step":
+            every = 1
+        elif isinstance(flush, int) and not isinstance(flush, bool) and flush >= 1:
+            every = flush
+        else:
+            raise MetricsError(
+                f"tensorboard flush={flush!r}; fix: use 'step' (after every step) or a whole number "
+                "of steps >= 1"
+            )
+        self.log_dir = log_dir
+        self.flush = flush
+        self.layout = bool(layout)
+        self.hparams = bool(hparams)
+        self.path: Path | None = None  # the resolved run directory, known from start()
+        self._every = every
+        self._tb: Any = None
+        self._writer: Any = None
+        self._run: RunInfo | None = None
+        self._summary: RunSummary | None = None
+        self._described: set[str] = set()
+        self._overflow_warned: set[str] = set()
+        self._unflushed_steps: set[int] = set()
+        self._last_step = 0
+
+    # -- protocol ---------------------------------------------------------------------------------
+
+    def start(self, run: RunInfo) -> None:
+        tb = _import_tensorboard()
+        if self._writer is not None:
+            raise MetricsError(f"tensorboard sink for {self.path} already started; fix: close() it first")
+        path = Path(str(self.log_dir).replace("{name}", run.name).replace("{run_id}", run.run_id))
+        self._tb, self._run, self.path = tb, run, path
+        self._summary = RunSummary(run.keys)
+        self._described.clear()
+        self._unflushed_steps.clear()
+        self._last_step = 0
+        self._writer = tb.EventFileWriter(str(path))
+        values = [self._text_value(CONFIG_TAG, _config_table(run), "The run's config (flattened, redacted)")]
+        if self.layout:
+            values.append(self._layout_value(dashboard_layout(run.keys, run.adapters)))
+        self._writer.add_event(self._event(0, run.started, values))
+        self._writer.flush()
+
+    def write(self, frame: Frame) -> None:
+        if self._writer is None or self._summary is None or self._run is None:
+            raise MetricsError("tensorboard sink is not open; fix: call start() before write()")
+        tb, keys = self._tb, self._run.keys
+        values = []
+        for key, value in frame.metrics.items():
+            if isinstance(value, str):
+                values.append(self._text_value(key, value, _description(key, keys)))
+                continue
+            number = float(value)
+            if math.isfinite(number) and abs(number) >= _F32_OVERFLOW and key not in self._overflow_warned:
+                self._overflow_warned.add(key)
+                warnings.warn(
+                    f"tensorboard: {key} = {number!r} is beyond float32's range and is stored as "
+                    f"{'-' if number < 0 else ''}inf (TensorBoard scalars are float32); the journal "
+                    "keeps the value",
+                    stacklevel=3,
+                )
+            v = tb.summary_pb2.Summary.Value(tag=key, simple_value=number)
+            if key not in self._described:
+                self._described.add(key)
+                v.metadata.CopyFrom(tb.scalar_metadata.create_summary_metadata("", _description(key, keys)))
+            values.append(v)
+        self._writer.add_event(self._event(frame.step, frame.wall_time or time.time(), values))
+        self._summary.add(frame)
+        self._last_step = max(self._last_step, frame.step)
+        self._unflushed_steps.add(frame.step)
+        if len(self._unflushed_steps) >= self._every:
+            self._writer.flush()
+            self._unflushed_steps.clear()
+
+    def close(self, *, failed: bool = False) -> None:
+        writer, self._writer = self._writer, None
+        if writer is None:
+            return
+        writer.close()  # flushes what is queued: the steps first, whatever happens next
+        if self.hparams and self._run is not None and self._summary is not None and self.path is not None:
+            self._write_hparams(self._run, self._summary, self.path, failed)
+
+    # -- helpers ----------------------------------------------------------------------------------
+
+    def _event(self, step: int, wall_time: float, values: Sequence[Any]) -> Any:
+        tb = self._tb
+        return tb.event_pb2.Event(wall_time=wall_time, step=step, summary=tb.summary_pb2.Summary(value=values))
+
+    def _string_tensor(self, data: bytes) -> Any:
+        tb = self._tb
+        return tb.tensor_pb2.TensorProto(dtype=tb.types_pb2.DT_STRING, string_val=[data])
+
+    def _text_value(self, tag: str, text: str, description: str) -> Any:
+        tb = self._tb
+        value = tb.summary_pb2.Summary.Value(tag=tag, tensor=self._string_tensor(text.encode("utf-8")))
+        if tag not in self._described:  # readers keep the first metadata of a tag
+            self._described.add(tag)
+            value.metadata.CopyFrom(tb.text_metadata.create_summary_metadata(None, description))
+        return value
+
+    def _layout_value(self, categories: Sequence[Category]) -> Any:
+        tb = self._tb
+        pb = tb.layout_pb2
+        layout = pb.Layout()
+        for category in categories:
+            cat = layout.category.add(title=category.title, closed=category.closed)
+            for chart in category.charts:
+                if chart.bands:
+                    series = [pb.MarginChartContent.Series(value=v, lower=lo, upper=hi) for v, lo, hi in chart.bands]
+                    cat.chart.add(title=chart.title, margin=pb.MarginChartContent(series=series))
+                else:
+                    cat.chart.add(title=chart.title, multiline=pb.MultilineChartContent(tag=list(chart.tags)))
+        return tb.summary_pb2.Summary.Value(
+            tag=tb.layout_metadata.CONFIG_SUMMARY_TAG,
+            metadata=tb.layout_metadata.create_summary_metadata(),
+            tensor=self._string_tensor(layout.SerializeToString()),
+        )
+
+    def _write_hparams(self, run: RunInfo, summary: RunSummary, path: Path, failed: bool) -> None:
+        tb = self._tb
+        hparams: dict[str, Scalar] = dict(run.config)
+        hparams.setdefault("adapters", ",".join(run.adapters))
+        session_start = tb.hparams_summary.hparams_pb(hparams, start_time_secs=run.started)
+        aggregates = [
+            tb.summary_pb2.Summary.Value(tag=f"{AGGREGATE_PREFIX}{key}", simple_value=float(value))
+            for key, value in summary.values().items()
+            if not isinstance(value, str)
+        ]
+        api = tb.api_pb2
+        end_info = tb.plugin_data_pb2.SessionEndInfo(
+            status=api.STATUS_FAILURE if failed else api.STATUS_SUCCESS, end_time_secs=time.time()
+        )
+        session_end = tb.summary_pb2.Summary.Value(
+            tag=tb.hparams_metadata.SESSION_END_INFO_TAG,
+            metadata=tb.hparams_metadata.create_summary_metadata(
+                tb.plugin_data_pb2.HParamsPluginData(session_end_info=end_info)
+            ),
+            tensor=tb.hparams_metadata.NULL_TENSOR,
+        )
+        writer = tb.EventFileWriter(str(path / HPARAMS_DIR))
+        try:
+            now = time.time()
+            writer.add_event(self._event(0, run.started, list(session_start.value)))
+            writer.add_event(self._event(self._last_step, now, aggregates))
+            writer.add_event(self._event(self._last_step, now, [session_end]))
+        finally:
+            writer.close()

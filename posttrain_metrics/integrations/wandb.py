@@ -1,0 +1,327 @@
+"""Weights & Biases sink: one step axis, summaries that follow each key's semantics, run aggregates.
+
+## What a run shows in W&B
+
+**Offline unless you have a key.** With `mode=None` (the default) the run is offline when no
+API key is configured (neither `WANDB_API_KEY` nor `WANDB_IDENTITY_TOKEN_FILE` is set and the
+netrc file holds no entry for the W&B host), so a machine without credentials or network never
+waits on a login or a server; `wandb sync <dir>/wandb/offline-run-*` uploads it later.
+`WANDB_MODE` is honoured, and an explicit `mode=` argument wins over both. `wandb.init` is
+bounded by `init_timeout` seconds; a failure there degrades this sink (the publisher warns once)
+and never stops training. The run's files go to `<dir>/wandb/`.
+
+**One step axis: `trainer/step`.** Every history row carries `trainer/step` (the frame's
+step) and every namespace (`train`, `val`, `optim`, `timer`, `health` and any other a
+declared key uses) is bound to it with `define_metric("<ns>/*", step_metric="trainer/step")`.
+No `step=` is passed to `run.log`: W&B's own `_step` just counts rows, so a resumed run, a
+replay or a validation frame at a step already logged is recorded, never dropped by W&B's
+monotonic-step rule. Chart against `trainer/step` (the default x-axis of every key we declare).
+A training frame and a validation frame of the same step are two rows with the same
+`trainer/step`. Each row's `_timestamp` is the frame's wall time, so a replayed run keeps its
+real clock.
+
+**Summaries follow the key's semantics.** `define_metric` per declared key:
+
+| reduction of the key | W&B summary (the runs table) |
+| --- | --- |
+| MAX (`train/kl_max`) | `max` |
+| MIN | `min` |
+| weighted mean, plain mean, pooled std | `last`, `min` and `max` |
+| SUM (per-step counts), LAST (counters, `grad_norm`), categorical label | W&B's default: the last value, as a plain column |
+| label indicator (`optim/update_outcome/skipped`) | `mean`: the share of logged windows with that outcome |
+
+**Run aggregates under `run/`.** W&B cannot weight a mean, and one NaN poisons its `min` and
+`max` for the rest of the run. So the sink folds every frame into
+`RunSummary` (`posttrain_metrics.core.summary`) and writes, under its own prefix so that it
+never fights with the summaries above: `run/<key>` = the token-weighted mean over the whole run
+for weighted means, the mean over frames for plain means, the total for sums, the run maximum
+(minimum) for maxima (minima), the pooled std over the run, the last value for last-value keys,
+and for a categorical key one count per label (`run/optim/update_outcome/skipped` = 1).
+Non-finite values are left out of these aggregates and counted under `run/nonfinite/<key>`.
+They are written every `summary_every` frames and at close.
+
+**Categorical labels.** The label itself is logged (`optim/update_outcome = "skipped"`): it is in
+every history row and the runs table shows the last one, but W&B cannot chart a string. Next to it
+the publisher's 0/1 indicators (`optim/update_outcome/applied`, `.../skipped` ...) chart as
+lines, and their `mean` summary is the share of windows per outcome; `run/...` holds the counts.
+
+**Non-finite values are stored faithfully in history.** W&B keeps NaN, +inf and -inf in history
+rows exactly (the transaction log holds `NaN`, `Infinity`, `-Infinity`), so nothing is
+removed upstream for this sink (`stores_nonfinite = {"nan", "inf"}`, no
+`health/nonfinite/*` keys). But W&B's own summaries are poisoned: after one NaN, `min` and
+`max` stay NaN for the rest of the run (`last` recovers at the next finite value), and an
+infinite value stays the `max`/`min`. Read `run/<key>` for figures that ignore them. A run
+aggregate that is itself NaN (a key that was never finite) is stored by W&B as `null`.
+
+**Absent stays absent.** A key missing from a frame is missing from that row (PPO's critic-warmup
+steps have no policy keys); nothing is zero-filled.
+
+**Config and exit code.** The run config is the publisher's flat (`a/b`), redacted config.
+`close(failed=True)` finishes the run with exit code 1 (W&B shows it failed), else 0. `close`
+returns once W&B has acknowledged the end of the run; its background process finishes writing
+`run-<id>.wandb` moments later, and wandb's exit hook waits for that (call `wandb.teardown()`
+to wait explicitly, say before reading or syncing the file from the same process). W&B also
+records its own metadata (host, git commit, the command line) unless
+`settings={"x_disable_meta": True}`: a secret passed on the command line is outside our
+redaction.
+"""
+
+from __future__ import annotations
+
+import math
+import netrc
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import urlsplit
+
+from ..core.errors import MetricsError
+from ..core.frame import Frame
+from ..core.keys import KeyInfo, label_key
+from ..core.reduction import Reduction
+from ..core.summary import RunSummary
+from .base import RunInfo
+
+if TYPE_CHECKING:
+    from wandb.sdk.wandb_run import Run
+
+__all__ = ["NAMESPACES", "RUN_PREFIX", "STEP_KEY", "WandbSink", "resolve_mode", "summary_for"]
+
+STEP_KEY = "trainer/step"
+"""The one x-axis of every chart: the frame's step, logged in every row."""
+
+RUN_PREFIX = "run/"
+"""Our run aggregates live under ``run/<key>`` in the run summary."""
+
+NAMESPACES = ("train", "val", "optim", "timer", "health")
+"""Namespaces bound to :data:`STEP_KEY` even before a key of theirs is seen."""
+
+MODES = ("online", "offline", "disabled", "shared")
+_DEFAULT_BASE_URL = "https://api.wandb.ai"
+_INSTALL = "pip install 'posttrain-metrics[wandb]'"
+
+_SUMMARIES: dict[Reduction, str | None] = {
+    Reduction.MAX: "max",
+    Reduction.MIN: "min",
+    Reduction.WEIGHTED_MEAN: "last,min,max",
+    Reduction.MEAN: "last,min,max",
+    Reduction.POOLED_STD: "last,min,max",
+    Reduction.SUM: None,  # None: W&B's default summary, the last value as a plain column
+    Reduction.LAST: None,
+    Reduction.CATEGORICAL: None,
+}
+_LABEL_SUMMARY = "mean"
+
+
+def summary_for(info: KeyInfo) -> str | None:
+    """The ``define_metric(summary=...)`` a declared key gets (``None``: W&B's default, last)."""
+    return _SUMMARIES[info.reduction]
+
+
+def _has_credentials(environ: Mapping[str, str], settings: Mapping[str, Any]) -> bool:
+    """Whether wandb would find credentials: an API key or identity token in its settings or
+    environment variables, or a netrc entry for its host."""
+    if settings.get("api_key") or settings.get("identity_token_file"):
+        return True
+    if environ.get("WANDB_API_KEY") or environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+        return True
+    base_url = settings.get("base_url") or environ.get("WANDB_BASE_URL") or _DEFAULT_BASE_URL
+    host = urlsplit(str(base_url)).netloc
+    if not host:
+        return False
+    if environ.get("NETRC"):
+        paths = [Path(environ["NETRC"]).expanduser()]
+    else:
+        paths = [Path("~/.netrc").expanduser(), Path("~/_netrc").expanduser()]
+    for path in paths:
+        if not path.is_file():
+            continue
+        try:
+            entry = netrc.netrc(path).authenticators(host)
+        except (netrc.NetrcParseError, OSError):
+            return False  # wandb cannot read it either
+        return bool(entry and entry[2])
+    return False
+
+
+def resolve_mode(
+    mode: str | None, environ: Mapping[str, str] | None = None, settings: Mapping[str, Any] | None = None
+) -> str | None:
+    """The W&B mode to pass to ``wandb.init``: an explicit ``mode`` wins, then ``WANDB_MODE``;
+    without either, ``"offline"`` when no API key is configured (``environ``, default
+    ``os.environ``, the netrc file, and the ``settings`` given to the sink), else ``None``
+    (wandb's own default: online, or what its settings file says).
+
+    >>> resolve_mode("online", {"WANDB_MODE": "offline"})
+    'online'
+    >>> resolve_mode(None, {"WANDB_MODE": "disabled"})
+    'disabled'
+    >>> resolve_mode(None, {"NETRC": "/nonexistent"})
+    'offline'
+    >>> resolve_mode(None, {"WANDB_API_KEY": "x" * 40}) is None
+    True
+    """
+    env = os.environ if environ is None else environ
+    if mode is not None:
+        if mode not in MODES:
+            raise MetricsError(f"WandbSink mode={mode!r}; fix: use one of {list(MODES)} or None")
+        return mode
+    if env.get("WANDB_MODE"):
+        return env["WANDB_MODE"]
+    return None if _has_credentials(env, settings or {}) else "offline"
+
+
+class WandbSink:
+    """Publishes frames to a W&B run (see the module documentation for what the run shows).
+
+    Keyword-only and cheap: nothing is imported or written until :meth:`start`. ``dir`` is the
+    folder the run's files go to (``<dir>/wandb/``; wandb's default, the working directory or
+    ``WANDB_DIR``, when ``None``). ``settings`` adds or overrides ``wandb.Settings`` fields (for
+    example ``{"base_url": ...}`` or ``{"x_disable_meta": True}``); ``mode`` is set with ``mode=``.
+    ``system_metrics`` keeps W&B's CPU/GPU monitor and ``capture_console`` its copy of stdout and
+    stderr (off: the trainer's own logging stays untouched). ``resume`` is passed to
+    ``wandb.init`` for a run restarted under the same run id.
+    """
+
+    name = "wandb"
+    # Verified on wandb 0.31: history rows keep NaN, +inf and -inf exactly.
+    stores_nonfinite = frozenset({"nan", "inf"})
+
+    def __init__(
+        self,
+        *,
+        project: str,
+        entity: str | None = None,
+        dir: str | os.PathLike[str] | None = None,
+        mode: str | None = None,
+        tags: Sequence[str] = (),
+        group: str | None = None,
+        job_type: str | None = None,
+        notes: str | None = None,
+        resume: Literal["allow", "never", "must", "auto"] | None = None,
+        init_timeout: float = 30.0,
+        system_metrics: bool = True,
+        capture_console: bool = False,
+        summary_every: int = 10,
+        settings: Mapping[str, Any] | None = None,
+    ) -> None:
+        if mode is not None and mode not in MODES:
+            raise MetricsError(f"WandbSink mode={mode!r}; fix: use one of {list(MODES)} or None")
+        if isinstance(tags, str):
+            raise MetricsError(f"WandbSink tags={tags!r} is a string; fix: pass a list, tags=[{tags!r}]")
+        if settings is not None and "mode" in settings:
+            raise MetricsError("WandbSink settings={'mode': ...}; fix: pass mode=... instead")
+        if summary_every < 0:
+            raise MetricsError(f"WandbSink summary_every={summary_every}; fix: use 0 (close only) or more")
+        self.project = project
+        self.entity = entity
+        self.dir = None if dir is None else Path(dir)
+        self.mode = mode
+        self.tags = tuple(tags)
+        self.group = group
+        self.job_type = job_type
+        self.notes = notes
+        self.resume = resume
+        self.init_timeout = float(init_timeout)
+        self.system_metrics = system_metrics
+        self.capture_console = capture_console
+        self.summary_every = int(summary_every)
+        self.settings = dict(settings or {})
+        self._run: Run | None = None
+        self._summary: RunSummary | None = None
+        self._bound: set[str] = set()
+        self._frames = 0
+
+    @property
+    def run(self) -> Run | None:
+        """The live ``wandb`` run between ``start`` and ``close``."""
+        return self._run
+
+    def start(self, run: RunInfo) -> None:
+        if self._run is not None:
+            raise MetricsError(f"WandbSink already started run {self._run.id!r}; fix: close() it first")
+        try:
+            import wandb
+        except ImportError as exc:
+            raise ImportError(f"WandbSink needs the wandb package, which is not installed; fix:\n{_INSTALL}") from exc
+        settings: dict[str, Any] = {
+            "init_timeout": self.init_timeout,
+            "x_disable_stats": not self.system_metrics,
+            "console": "auto" if self.capture_console else "off",
+        }
+        mode = resolve_mode(self.mode, settings=self.settings)
+        if mode is not None:
+            settings["mode"] = mode
+        settings.update(self.settings)
+        if self.dir is not None:
+            self.dir.mkdir(parents=True, exist_ok=True)  # wandb falls back to a temp dir otherwise
+        wb_run = wandb.init(
+            project=self.project,
+            entity=self.entity,
+            dir=None if self.dir is None else str(self.dir),
+            id=run.run_id,
+            name=run.name,
+            config=dict(run.config),
+            tags=list(self.tags) or None,
+            group=self.group,
+            job_type=self.job_type,
+            notes=self.notes,
+            resume=self.resume,
+            reinit="create_new",  # our run never finishes, nor is finished by, another wandb run
+            settings=wandb.Settings(**settings),
+        )
+        self._run = wb_run
+        self._summary = RunSummary(run.keys)
+        self._bound = set()
+        self._frames = 0
+        wb_run.define_metric(STEP_KEY)
+        for namespace in (*NAMESPACES, *(info.namespace for info in run.keys.values())):
+            self._bind(namespace)
+        for key, info in run.keys.items():
+            wb_run.define_metric(key, step_metric=STEP_KEY, summary=summary_for(info))
+            for label in info.metric.labels:
+                wb_run.define_metric(label_key(key, label), step_metric=STEP_KEY, summary=_LABEL_SUMMARY)
+
+    def write(self, frame: Frame) -> None:
+        run, summary = self._run, self._summary
+        if run is None or summary is None:
+            raise MetricsError("WandbSink.write() before start() or after close(); fix: start the publisher first")
+        row: dict[str, Any] = {}
+        for key, value in frame.metrics.items():
+            namespace = key.split("/", 1)[0]
+            if namespace not in self._bound and "/" in key:
+                self._bind(namespace)
+            row[key] = value
+        row[STEP_KEY] = frame.step
+        if frame.wall_time > 0 and math.isfinite(frame.wall_time):
+            row["_timestamp"] = frame.wall_time
+        run.log(row)  # no step=: rows are never dropped for a step that goes backwards
+        summary.add(frame)
+        self._frames += 1
+        if self.summary_every and self._frames % self.summary_every == 0:
+            self._push_summary(run, summary)
+
+    def close(self, *, failed: bool = False) -> None:
+        run, summary = self._run, self._summary
+        if run is None:
+            return
+        self._run = self._summary = None
+        try:
+            if summary is not None and summary.frames:
+                self._push_summary(run, summary)
+        finally:
+            run.finish(exit_code=1 if failed else 0)
+
+    def _bind(self, namespace: str) -> None:
+        if self._run is None or namespace in self._bound or namespace == STEP_KEY.split("/", 1)[0]:
+            return
+        self._bound.add(namespace)
+        self._run.define_metric(f"{namespace}/*", step_metric=STEP_KEY)
+
+    @staticmethod
+    def _push_summary(run: Run, summary: RunSummary) -> None:
+        update: dict[str, Any] = {f"{RUN_PREFIX}{key}": value for key, value in summary.values().items()}
+        for key, count in summary.nonfinite.items():
+            update[f"{RUN_PREFIX}nonfinite/{key}"] = count
+        run.summary.update(update)

@@ -1,0 +1,441 @@
+"""A one-page PNG dashboard of a run from its journal, with the doctor's findings marked.
+
+Panels are chosen from what the journal holds. :data:`PANELS` groups the catalogue's families
+(reward and groups, loss, KL, clipping, response length and truncation, logprob gap, score
+centering, PPO counters, DPO accuracy and rewards, ...) by leaf name, so one table serves every
+algorithm: a panel is drawn when at least one of its keys is present, and a key that is absent is
+simply not drawn. Any headline key of the run's adapters (``Metric.headline``) that no panel shows
+gets a panel of its own, so a user-registered adapter still gets its headline curves. Label-valued
+keys (``optim/update_outcome``, ``optim/skip_reason``) become a strip of markers per label.
+
+Findings are marked where they fire: a shaded span (red for errors, orange for warnings, blue for
+info) on every panel that shows a key the finding is about, one row per finding in a findings strip,
+and the list of findings as text under it. Non-finite points are marked with a red ``x`` along the
+top edge of their panel.
+
+matplotlib is imported inside :func:`dashboard` (the ``plot`` extra) and drives the Agg canvas
+directly, so neither the import of this module nor a call changes pyplot's global backend.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import textwrap
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .core.catalog import get_adapter
+from .core.errors import MetricsError
+from .core.health import BUDGET_CONFIG_NAMES, Finding, JournalLike, Severity, config_int, step_ranges
+from .core.keys import describe
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+__all__ = ["PANELS", "Panel", "dashboard"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Panel:
+    """One chart: the leaves it draws (under any namespace: ``train/``, ``val/``, ``optim/``).
+
+    ``right`` leaves go on a second y axis (another unit). ``log`` asks for a log y axis, used when
+    every value is positive and they span more than :data:`LOG_SPAN` (KL mean vs max). ``band`` is
+    ``(mean_leaf, std_leaf)`` drawn as mean +- std. A panel whose ``gate`` key is present but never
+    positive is left out (score centering off). ``hline`` is a reference level (DPO chance).
+    """
+
+    title: str
+    leaves: tuple[str, ...]
+    right: tuple[str, ...] = ()
+    log: bool = False
+    band: tuple[str, str] | None = None
+    gate: str | None = None
+    hline: float | None = None
+    budget_line: bool = False
+
+
+PANELS: tuple[Panel, ...] = (
+    Panel("Reward", ("reward_mean", "reward_avg", "reward_min", "reward_max"), band=("reward_mean", "reward_std")),
+    Panel("Groups (GRPO)", ("grpo_group_count", "grpo_informative_group_count", "grpo_all_zero_group_count",
+                            "grpo_all_one_group_count")),
+    Panel("Loss", ("loss_avg", "policy_total_loss", "policy_loss", "value_loss", "critic_loss")),
+    Panel("Gradient norm (pre-clip)", ("grad_norm",), log=True),
+    Panel("KL to reference", ("kl_mean", "kl_max", "reference_kl_mean"), log=True, gate="kl_beta"),
+    Panel("Clipping and importance ratio", ("clip_frac", "ratio_absdev", "seq_clip_frac", "clip_fraction",
+                                            "value_clip_fraction", "initial_clip_fraction")),
+    Panel("Response length and truncation", ("response_len_mean", "response_len_max"),
+          right=("rollout_truncated_frac",), budget_line=True),
+    Panel("Train/rollout logprob gap", ("logprob_gap_mean", "mean_rank_logprob_gap_p99"),
+          right=("logprob_gap_gt0p5_frac",), gate="logprob_gap_token_count"),
+    Panel("Score centering", ("sc_rho_mean", "sc_rho_max"), right=("sc_out_of_head_frac",), log=True,
+          gate="sc_token_count"),
+    Panel("DPO accuracy", ("dpo_accuracy",), hline=0.5),
+    Panel("DPO implicit rewards", ("dpo_reward_margin", "dpo_reward_winner", "dpo_reward_loser")),
+    Panel("PPO optimizer counters", ("policy_optimizer_step", "critic_optimizer_step"), right=("actor_warmup",)),
+    Panel("PPO value and advantage", ("value_mean", "return_mean", "advantage_mean")),
+    Panel("Learning rate", ("learning_rate", "policy_lr", "critic_lr"), log=True),
+)
+"""The families drawn when present, in page order (two per row)."""
+
+LOG_SPAN = 50.0
+"""A ``log`` panel switches to a log axis when its positive values span more than this factor
+(zeros are then left out of the curve: on these keys they mean "nothing measured")."""
+
+FAINT = frozenset({"reward_min", "reward_max"})
+"""Leaves drawn thin and translucent: context for the panel's main curve, not a curve to read."""
+
+SEVERITY_COLOURS = {Severity.ERROR: "#d62728", Severity.WARNING: "#ff7f0e", Severity.INFO: "#1f77b4"}
+LABEL_COLOURS = {"applied": "#2ca02c", "accumulating": "#7f7f7f", "skipped": "#d62728", "discarded": "#ff7f0e"}
+NONFINITE_COLOUR = "#d62728"
+
+
+Series = list[tuple[int, float]]
+
+
+class _Data:
+    """The journal's numeric and label series by key, with the run's non-finite points."""
+
+    def __init__(self, journal: JournalLike) -> None:
+        self.numeric: dict[str, Series] = {}
+        self.nonfinite: dict[str, list[int]] = {}
+        self.labels: dict[str, list[tuple[int, str]]] = {}
+        for frame in journal.frames:
+            for key, value in frame.metrics.items():
+                if isinstance(value, str):
+                    self.labels.setdefault(key, []).append((frame.step, value))
+                elif isinstance(value, float) and not math.isfinite(value):
+                    self.nonfinite.setdefault(key, []).append(frame.step)
+                else:
+                    self.numeric.setdefault(key, []).append((frame.step, float(value)))
+        # A step written twice (a resumed run replaying steps; the doctor's step_order finding) is
+        # drawn once, with its last value, as the trackers keep it; lines then run forward in steps.
+        self.numeric = {k: sorted(dict(v).items()) for k, v in self.numeric.items()}
+        self.labels = {k: sorted(dict(v).items()) for k, v in self.labels.items()}
+        self.keys = set(self.numeric) | set(self.nonfinite)
+        self.steps = sorted({f.step for f in journal.frames})
+
+    def keys_of(self, leaf: str) -> list[str]:
+        """Present keys whose leaf is ``leaf``, ``train/`` first, then ``val/``, then the rest."""
+        found = [k for k in self.keys if k.split("/", 1)[-1] == leaf]
+        order = {"train": 0, "val": 1}
+        return sorted(found, key=lambda k: (order.get(k.split("/", 1)[0], 2), k))
+
+    def positive_somewhere(self, leaf: str) -> bool | None:
+        """``None`` when no key has this leaf; else whether any value is > 0."""
+        keys = self.keys_of(leaf)
+        if not keys:
+            return None
+        return any(v > 0 for k in keys for _, v in self.numeric.get(k, []))
+
+
+def _headline_keys(adapters: Iterable[str]) -> tuple[dict[str, str], set[str]]:
+    """Headline keys of the run's adapters (key -> unit) and the adapters this process lacks."""
+    heads: dict[str, str] = {}
+    unknown = set()
+    for name in adapters:
+        try:
+            adapter = get_adapter(name)
+        except MetricsError:
+            unknown.add(name)  # a user adapter not registered here: its keys still plot by leaf
+            continue
+        for key, info in describe([adapter]).items():
+            if info.metric.headline:
+                heads[key] = info.metric.unit
+    return heads, unknown
+
+
+def _import_matplotlib() -> tuple[Any, Any]:
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise MetricsError(
+            "the plot needs matplotlib, which is not installed; fix: pip install 'posttrain-metrics[plot]'"
+        ) from None
+    return Figure, FigureCanvasAgg
+
+
+def dashboard(journal: JournalLike, findings: Sequence[Finding], output_path: str | os.PathLike[str]) -> Path:
+    """Write the run's one-page dashboard as a PNG at ``output_path``; returns the path written."""
+    path = Path(output_path)
+    if path.suffix.lower() != ".png":
+        raise MetricsError(f"plot output {str(path)!r} is not a .png file; fix: name it FILE.png")
+    figure_cls, canvas_cls = _import_matplotlib()
+    data = _Data(journal)
+    heads, unknown = _headline_keys(journal.adapters)
+    panels = _choose_panels(data, heads)
+    strips = sorted(data.labels)
+    marked = [f for f in findings if f.steps]
+
+    columns = 2
+    rows = max(1, math.ceil(len(panels) / columns))
+    strip_rows = sum(len({v for _, v in data.labels[k]}) for k in strips)
+    text_lines = _finding_lines(findings)
+    heights = [0.55] + [2.7] * rows
+    if strips:
+        heights.append(0.55 + 0.22 * strip_rows)
+    if marked:
+        heights.append(0.55 + 0.28 * len(marked))
+    heights.append(0.3 + 0.19 * len(text_lines))
+    fig: Figure = figure_cls(figsize=(15, sum(heights) + 0.6), layout="constrained")
+    canvas_cls(fig)
+    grid = fig.add_gridspec(len(heights), columns, height_ratios=heights)
+
+    header = fig.add_subplot(grid[0, :])
+    header.set_axis_off()
+    name = str(journal.header.get("name", "")) or "(unnamed run)"
+    header.text(0.5, 0.78, f"{name}  ·  run {journal.run_id}", ha="center", va="center", fontsize=15,
+                fontweight="bold", transform=header.transAxes)
+    header.text(0.5, 0.12, _subtitle(journal, data, findings, unknown), ha="center", va="center",
+                fontsize=9.5, color="#444444", transform=header.transAxes)
+
+    first: Axes | None = None
+    time_axes: list[Axes] = []
+    budget, _ = config_int(journal.config, BUDGET_CONFIG_NAMES, prefer="rollout")
+    for i, (panel, keys, right_keys) in enumerate(panels):
+        row, column = 1 + i // columns, i % columns
+        ax = fig.add_subplot(grid[row, column], sharex=first)
+        first = first or ax
+        _draw_panel(ax, panel, keys, right_keys, data, heads, budget)
+        _mark_findings(ax, findings, {*keys, *right_keys})
+        time_axes.append(ax)
+    if not panels:
+        ax = fig.add_subplot(grid[1, :])
+        ax.set_axis_off()
+        ax.text(0.5, 0.5, "the journal holds no numeric series to plot", ha="center", va="center")
+    row = 1 + rows
+    if strips:
+        ax = fig.add_subplot(grid[row, :], sharex=first)
+        _draw_strips(ax, strips, data)
+        time_axes.append(ax)
+        row += 1
+    if marked:
+        ax = fig.add_subplot(grid[row, :], sharex=first)
+        _draw_findings_strip(ax, marked)
+        time_axes.append(ax)
+        row += 1
+    bottom = time_axes[-1:] if strips or marked else time_axes[-len(panels) % columns or -columns :]
+    for ax in bottom:
+        ax.set_xlabel("step", fontsize=9)
+    if first is not None:
+        from matplotlib.ticker import MaxNLocator
+
+        first.xaxis.set_major_locator(MaxNLocator(integer=True))  # shared: steps are integers
+    ax = fig.add_subplot(grid[row, :])
+    _draw_findings_text(ax, text_lines)
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png", dpi=100)
+    return path
+
+
+def _choose_panels(data: _Data, heads: Mapping[str, str]) -> list[tuple[Panel, list[str], list[str]]]:
+    chosen = []
+    shown: set[str] = set()
+    for panel in PANELS:
+        if panel.gate is not None and data.positive_somewhere(panel.gate) is False:
+            continue
+        keys = [k for leaf in panel.leaves for k in data.keys_of(leaf)]
+        right = [k for leaf in panel.right for k in data.keys_of(leaf)]
+        if keys or right:
+            chosen.append((panel, keys, right))
+            shown.update(keys, right)
+    for key in heads:
+        if key in data.keys and key not in shown:  # a headline key no family shows: its own panel
+            chosen.append((Panel(key, (key.split("/", 1)[-1],)), [key], []))
+            shown.add(key)
+    return chosen
+
+
+def _draw_panel(
+    ax: Axes,
+    panel: Panel,
+    keys: list[str],
+    right_keys: list[str],
+    data: _Data,
+    heads: Mapping[str, str],
+    budget: int | None,
+) -> None:
+    ax.set_title(panel.title, fontsize=11, loc="left")
+    ax.grid(True, alpha=0.3)
+    if panel.band is not None:
+        means, stds = data.keys_of(panel.band[0]), data.keys_of(panel.band[1])
+        for mean_key in means:
+            std_key = mean_key.rsplit("/", 1)[0] + "/" + panel.band[1]
+            if std_key in stds:
+                std = dict(data.numeric.get(std_key, []))
+                pts = [(s, m, std[s]) for s, m in data.numeric.get(mean_key, []) if s in std]
+                if pts:
+                    ax.fill_between([p[0] for p in pts], [p[1] - p[2] for p in pts], [p[1] + p[2] for p in pts],
+                                    alpha=0.15, color="#1f77b4", linewidth=0, label=f"{_short(mean_key)} ± std")
+    for key in keys:
+        _line(ax, key, data, heads)
+    _scale(ax, panel, keys, data)
+    if panel.hline is not None:
+        ax.axhline(panel.hline, color="#555555", linestyle=":", linewidth=1, label=f"chance {panel.hline:g}")
+    if panel.budget_line and budget is not None:
+        ax.axhline(budget, color="#d62728", linestyle=":", linewidth=1, label=f"token budget {budget}")
+    _mark_nonfinite(ax, keys, data)
+    lines, labels = ax.get_legend_handles_labels()
+    if right_keys:
+        twin = ax.twinx()
+        for j, key in enumerate(right_keys):
+            _line(twin, key, data, heads, colour=f"C{len(keys) + j}", dashed=True)
+        twin.tick_params(labelsize=8)
+        right_values = [v for k in right_keys for _, v in data.numeric.get(k, [])]
+        if right_values and min(right_values) >= 0:
+            twin.set_ylim(bottom=0)  # fractions and flags: no negative half for a constant 0
+        twin.yaxis.set_major_formatter(_formatter())
+        _mark_nonfinite(twin, right_keys, data)
+        more, more_labels = twin.get_legend_handles_labels()
+        lines, labels = lines + more, [*labels, *(f"{label} (right axis)" for label in more_labels)]
+    if lines:  # between the title and the plot area: never over a curve
+        ncol = min(3, len(lines))
+        ax.legend(lines, labels, fontsize=7.5, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=ncol,
+                  frameon=False, borderaxespad=0.15, handlelength=1.6, columnspacing=1.2)
+        ax.set_title(panel.title, fontsize=11, loc="left", pad=4 + 11.5 * math.ceil(len(lines) / ncol))
+    if ax.get_yscale() == "linear":  # plain tick labels: an offset text would sit on the legend
+        ax.yaxis.set_major_formatter(_formatter())
+    ax.tick_params(labelsize=8)
+
+
+def _line(ax: Axes, key: str, data: _Data, heads: Mapping[str, str], *, colour: str | None = None,
+          dashed: bool = False) -> Any:
+    points = data.numeric.get(key, [])
+    val = key.startswith("val/")
+    label = _short(key) + (f" [{heads[key]}]" if heads.get(key) else "")
+    style: dict[str, Any] = {
+        "label": label,
+        "linewidth": 2.0 if key in heads else 1.2,
+        "linestyle": "--" if dashed or val else "-",
+        "marker": "o" if val or len(points) <= 12 else None,
+        "markersize": 4,
+    }
+    if key.split("/", 1)[-1] in FAINT:
+        style.update(linewidth=0.8, alpha=0.55)
+    if colour is not None:
+        style["color"] = colour
+    return ax.plot([s for s, _ in points], [v for _, v in points], **style)[0]
+
+
+def _formatter() -> Any:
+    from matplotlib.ticker import FuncFormatter
+
+    return FuncFormatter(lambda value, _pos: f"{value:.3g}")
+
+
+def _short(key: str) -> str:
+    """``train/kl_mean`` -> ``kl_mean``; other namespaces (``val/``, ``optim/``) stay visible."""
+    return key.split("/", 1)[1] if key.startswith("train/") else key
+
+
+def _scale(ax: Axes, panel: Panel, keys: list[str], data: _Data) -> None:
+    if not panel.log:
+        return
+    values = [v for k in keys for _, v in data.numeric.get(k, [])]
+    positive = [v for v in values if v > 0]
+    # Exact zeros are steps with nothing to measure (no loss tokens, a zero-gradient skip); a
+    # negative value means the quantity is not a magnitude, and then the axis stays linear.
+    if positive and min(values) >= 0 and max(positive) / min(positive) > LOG_SPAN:
+        ax.set_yscale("log", nonpositive="mask")
+
+
+def _mark_nonfinite(ax: Axes, keys: list[str], data: _Data) -> None:
+    steps = sorted({s for k in keys for s in data.nonfinite.get(k, [])})
+    if steps:
+        ax.plot(steps, [0.96] * len(steps), linestyle="none", marker="x", markersize=7, markeredgewidth=2,
+                color=NONFINITE_COLOUR, transform=ax.get_xaxis_transform(), label="NaN/inf", clip_on=False)
+
+
+def _spans(steps: Sequence[int]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for step in sorted(set(steps)):
+        if out and step == out[-1][1] + 1:
+            out[-1] = (out[-1][0], step)
+        else:
+            out.append((step, step))
+    return out
+
+
+def _mark_findings(ax: Axes, findings: Sequence[Finding], keys: set[str]) -> None:
+    for finding in findings:
+        if not finding.steps or not keys & set(finding.keys):
+            continue
+        colour = SEVERITY_COLOURS[finding.severity]
+        alpha = 0.08 if finding.severity is Severity.INFO else 0.16
+        for start, stop in _spans(finding.steps):
+            ax.axvspan(start - 0.5, stop + 0.5, color=colour, alpha=alpha, linewidth=0)
+
+
+def _draw_strips(ax: Axes, strips: list[str], data: _Data) -> None:
+    rows: list[str] = []
+    for key in strips:
+        seen = list(dict.fromkeys(v for _, v in data.labels[key]))
+        for label in seen:
+            y = len(rows)
+            rows.append(f"{key.split('/', 1)[-1]}: {label}")
+            steps = [s for s, v in data.labels[key] if v == label]
+            ax.scatter(steps, [y] * len(steps), s=14, marker="|" if len(data.steps) > 60 else "s",
+                       color=LABEL_COLOURS.get(label, f"C{len(rows) % 10}"), linewidths=1.5)
+    ax.set_yticks(range(len(rows)), rows, fontsize=8)
+    ax.set_ylim(-0.7, len(rows) - 0.3)
+    ax.invert_yaxis()
+    ax.set_title("Label keys (one row per label)", fontsize=11, loc="left")
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.tick_params(axis="x", labelsize=8)
+
+
+def _draw_findings_strip(ax: Axes, findings: Sequence[Finding]) -> None:
+    for y, finding in enumerate(findings):
+        colour = SEVERITY_COLOURS[finding.severity]
+        for start, stop in _spans(finding.steps):
+            ax.barh(y, stop - start + 1, left=start - 0.5, height=0.6, color=colour, alpha=0.85)
+    ax.set_yticks(range(len(findings)), [f"{f.severity.value}: {f.check}" for f in findings], fontsize=8)
+    ax.set_ylim(-0.7, len(findings) - 0.3)
+    ax.invert_yaxis()
+    ax.set_title("Doctor findings (where they fire)", fontsize=11, loc="left")
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.tick_params(axis="x", labelsize=8)
+
+
+def _finding_lines(findings: Sequence[Finding]) -> list[tuple[str, Severity | None]]:
+    if not findings:
+        return [("doctor: no findings, every check passed", None)]
+    lines: list[tuple[str, Severity | None]] = []
+    for finding in findings:
+        where = f" (steps {step_ranges(finding.steps, limit=6)})" if finding.steps else ""
+        text = f"{finding.severity.value.upper()} {finding.check}{where}: {finding.explanation}"
+        wrapped = textwrap.wrap(text, width=175, max_lines=2, placeholder=" ...")
+        lines.extend((line if i == 0 else "      " + line, finding.severity) for i, line in enumerate(wrapped))
+    return lines
+
+
+def _draw_findings_text(ax: Axes, lines: list[tuple[str, Severity | None]]) -> None:
+    ax.set_axis_off()
+    n = len(lines)
+    for i, (line, severity) in enumerate(lines):
+        colour = SEVERITY_COLOURS[severity] if severity is not None else "#2ca02c"
+        ax.text(0.0, 1.0 - (i + 0.5) / n, line, transform=ax.transAxes, fontsize=8.5, va="center",
+                family="monospace", color="#222222" if line.startswith(" ") else colour)
+
+
+def _subtitle(journal: JournalLike, data: _Data, findings: Sequence[Finding], unknown: set[str]) -> str:
+    counts = {s: sum(f.severity is s for f in findings) for s in Severity}
+    end = journal.end
+    status = str(end.get("status", "?")) if end is not None else "no end record"
+    steps = f"steps {data.steps[0]}-{data.steps[-1]}" if data.steps else "no frames"
+    parts = [
+        f"adapters: {', '.join(journal.adapters) or '(none)'}",
+        f"{len(journal.frames)} frames, {steps}",
+        f"status: {status}",
+        "doctor: " + ", ".join(f"{n} {s.value}{'' if n == 1 or s is Severity.INFO else 's'}"
+                               for s, n in counts.items()),
+    ]
+    if unknown:
+        parts.append(f"adapters not registered here: {', '.join(sorted(unknown))}")
+    return "   |   ".join(parts)

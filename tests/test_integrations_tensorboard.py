@@ -1,0 +1,422 @@
+"""The TensorBoard sink, published through the real publisher and read back with TensorBoard's own
+``EventAccumulator`` (size guidance 0: keep every event)."""
+
+from __future__ import annotations
+
+import builtins
+import math
+import re
+import struct
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+from _runs import GRPO_ADAPTERS, dpo_run, grpo_run, nonfinite_frame, ppo_run
+
+from posttrain_metrics import Frame, Metric, MetricAdapter, MetricsError, Reduction, get_adapter
+from posttrain_metrics.core.catalog.ppo import POLICY_WINDOW_LEAVES
+from posttrain_metrics.core.keys import describe
+from posttrain_metrics.core.redact import REDACTED
+from posttrain_metrics.core.summary import RunSummary
+from posttrain_metrics.integrations import JournalSink, Publisher, Sink, read_journal
+from posttrain_metrics.integrations.publisher import display_frame
+from posttrain_metrics.integrations.tensorboard import (
+    AGGREGATE_PREFIX,
+    CONFIG_TAG,
+    HPARAMS_DIR,
+    INSTALL,
+    TensorBoardSink,
+    dashboard_layout,
+)
+
+try:
+    from tensorboard.backend.event_processing import event_accumulator as ea
+    from tensorboard.plugins.custom_scalar import layout_pb2
+    from tensorboard.plugins.custom_scalar import metadata as layout_metadata
+    from tensorboard.plugins.hparams import api_pb2, plugin_data_pb2
+    from tensorboard.plugins.hparams import metadata as hparams_metadata
+
+    MISSING = ""
+except ImportError as exc:  # fail every test with the reason; never skip
+    MISSING = f"tensorboard is not installed ({exc}); fix: {INSTALL}"
+
+
+@pytest.fixture(autouse=True)
+def _needs_tensorboard() -> None:
+    if MISSING:
+        pytest.fail(MISSING)
+
+
+def publish(tmp_path: Path, frames: list[Frame], adapters=GRPO_ADAPTERS, *, config=None, failed=False,
+            close=True, **options) -> tuple[Publisher, TensorBoardSink]:
+    sink = TensorBoardSink(log_dir=tmp_path / "tb", **options)
+    pub = Publisher([JournalSink(tmp_path / "journal.jsonl"), sink], adapters=adapters, run_name="t")
+    pub.start(config or {"rl": {"kl_beta": 0.04, "lr": 1e-3}, "seed": 3})
+    for frame in frames:
+        pub.publish(frame)
+    if close:
+        pub.close(failed=failed)
+    assert pub.failures == {}, "the publisher swallowed a sink failure"
+    return pub, sink
+
+
+def load(path: Path) -> ea.EventAccumulator:
+    acc = ea.EventAccumulator(str(path), size_guidance={ea.SCALARS: 0, ea.TENSORS: 0})
+    acc.Reload()
+    return acc
+
+
+def f32(value: float) -> float:
+    """What a float32 scalar holds for ``value``."""
+    return struct.unpack("<f", struct.pack("<f", value))[0] if math.isfinite(value) else value
+
+
+def same(got: float, want: float) -> bool:
+    return (math.isnan(got) and math.isnan(want)) or got == f32(float(want))
+
+
+def assert_scalars_match(acc: ea.EventAccumulator, frames: list[Frame], keys) -> None:
+    """Every numeric key of every (displayed) frame is a point at its step; nothing else is."""
+    shown = [display_frame(f, keys) for f in frames]
+    expected: dict[str, list[tuple[int, float, float]]] = {}
+    for frame in shown:
+        for key, value in frame.metrics.items():
+            if not isinstance(value, str):
+                expected.setdefault(key, []).append((frame.step, float(value), frame.wall_time))
+    assert set(acc.Tags()["scalars"]) == set(expected)
+    for key, points in expected.items():
+        events = acc.Scalars(key)
+        assert [e.step for e in events] == [s for s, _, _ in points], key
+        for event, (step, value, wall) in zip(events, points):
+            assert same(event.value, value), (key, step, event.value, value)
+            assert event.wall_time == wall
+
+
+# -- scalars, labels, absent keys, non-finite values ------------------------------------------------
+
+
+def test_grpo_run_every_scalar_per_step_equals_the_frame(tmp_path):
+    frames = grpo_run(steps=6)
+    pub, sink = publish(tmp_path, frames)
+    assert isinstance(sink, Sink)
+    assert sink.path == tmp_path / "tb"
+    assert len(list(sink.path.glob("events.out.tfevents.*"))) == 1
+    acc = load(sink.path)
+    assert_scalars_match(acc, frames, pub.keys)
+    # one event per step holds the step's scalars (plus the config and layout event at step 0)
+    assert "optim/update_outcome/skipped" in acc.Tags()["scalars"]
+    assert [e.value for e in acc.Scalars("optim/update_outcome/skipped")] == [0, 0, 1, 0, 0, 0]
+    # the catalogue's meaning travels as the tag's description
+    assert "epsilon clip" in acc.SummaryMetadata("train/clip_frac").summary_description
+    assert "train/valid_token_count" in acc.SummaryMetadata("train/clip_frac").summary_description
+
+
+def test_one_event_per_step_holds_every_value_of_the_step(tmp_path):
+    frames = grpo_run(steps=3)
+    _, sink = publish(tmp_path, frames)
+    from tensorboard.backend.event_processing import event_file_loader
+
+    [path] = sink.path.glob("events.out.tfevents.*")
+    events = [e for e in event_file_loader.EventFileLoader(str(path)).Load() if e.HasField("summary")]
+    assert [e.step for e in events] == [0, 1, 2, 3]  # config + layout at 0, then one per step
+    for event, frame in zip(events[1:], frames):
+        tags = {v.tag for v in event.summary.value}
+        assert set(frame.metrics) <= tags
+
+
+def test_labels_are_text_and_their_indicators_are_scalars(tmp_path):
+    frames = grpo_run(steps=4)
+    _, sink = publish(tmp_path, frames)
+    acc = load(sink.path)
+    assert "optim/update_outcome" in acc.PluginTagToContent("text")
+    assert "optim/update_outcome" not in acc.Tags()["scalars"]
+    texts = acc.Tensors("optim/update_outcome")
+    assert [t.step for t in texts] == [1, 2, 3, 4]
+    assert [t.tensor_proto.string_val[0].decode() for t in texts] == ["applied", "applied", "skipped", "applied"]
+    for label in ("accumulating", "applied", "skipped", "discarded"):
+        values = [e.value for e in acc.Scalars(f"optim/update_outcome/{label}")]
+        assert values == [float(f.metrics["optim/update_outcome"] == label) for f in frames]
+
+
+def test_ppo_critic_warmup_steps_have_no_policy_keys(tmp_path):
+    frames = ppo_run(steps=4, warmup=2)
+    pub, sink = publish(tmp_path, frames, "ppo")
+    acc = load(sink.path)
+    assert_scalars_match(acc, frames, pub.keys)
+    policy_tags = [t for t in acc.Tags()["scalars"] if t.split("/", 1)[1] in POLICY_WINDOW_LEAVES]
+    assert "train/policy_loss" in policy_tags and "optim/policy_optimizer_step" in policy_tags
+    for tag in policy_tags:
+        assert [e.step for e in acc.Scalars(tag)] == [3, 4], tag  # absent at 1 and 2, not zero
+    assert [e.step for e in acc.Scalars("train/value_loss")] == [1, 2, 3, 4]
+
+
+def test_dpo_train_and_val_keys_both_present(tmp_path):
+    frames = dpo_run(steps=3)
+    pub, sink = publish(tmp_path, frames, "dpo")
+    acc = load(sink.path)
+    assert_scalars_match(acc, frames, pub.keys)
+    tags = acc.Tags()["scalars"]
+    for leaf in ("loss_avg", "dpo_accuracy", "dpo_reward_margin"):
+        assert f"train/{leaf}" in tags and f"val/{leaf}" in tags
+        assert [e.step for e in acc.Scalars(f"val/{leaf}")] == [1, 2, 3]
+
+
+def test_nan_and_inf_are_stored_as_nan_and_inf(tmp_path):
+    frames = [*grpo_run(steps=2), nonfinite_frame(3)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the sink stores them: the publisher must not skip or warn
+        pub, sink = publish(tmp_path, frames)
+    acc = load(sink.path)
+    assert_scalars_match(acc, frames, pub.keys)
+    last = {k: acc.Scalars(k)[-1] for k in ("train/loss_avg", "train/kl_max", "train/kl_mean")}
+    assert all(e.step == 3 for e in last.values())
+    assert math.isnan(last["train/loss_avg"].value)
+    assert last["train/kl_max"].value == math.inf
+    assert last["train/kl_mean"].value == -math.inf
+    assert not [t for t in acc.Tags()["scalars"] if t.startswith("health/")]
+    journal = read_journal(tmp_path / "journal.jsonl")  # and the journal holds them exactly
+    assert math.isnan(journal.frames[-1].metrics["train/loss_avg"])
+    assert journal.frames[-1].metrics["train/kl_mean"] == -math.inf
+
+
+def test_a_finite_value_beyond_float32_is_warned_about_once(tmp_path):
+    frames = [Frame(s, dict(grpo_run(steps=1)[0].metrics, **{"train/kl_max": 1e39})) for s in (1, 2)]
+    with pytest.warns(UserWarning, match=r"train/kl_max = 1e\+39 is beyond float32") as record:
+        _, sink = publish(tmp_path, frames)
+    assert sum("float32" in str(w.message) for w in record) == 1
+    assert [e.value for e in load(sink.path).Scalars("train/kl_max")] == [math.inf, math.inf]
+
+
+# -- flushing: a killed run leaves readable files ---------------------------------------------------
+
+
+KILLED = """
+import os, sys
+sys.path.insert(0, sys.argv[2])
+from _runs import GRPO_ADAPTERS, grpo_run
+from posttrain_metrics.integrations import Publisher
+from posttrain_metrics.integrations.tensorboard import TensorBoardSink
+
+pub = Publisher([TensorBoardSink(log_dir=sys.argv[1])], adapters=GRPO_ADAPTERS)
+pub.start()
+for frame in grpo_run(steps=4):
+    pub.publish(frame)
+os._exit(0)  # killed: no close(), no atexit, the writer thread dies with whatever it still queues
+"""
+
+
+def test_a_killed_run_is_readable_up_to_its_last_step(tmp_path):
+    # Without the flush at each step boundary this loses every step (the events wait in the
+    # writer's queue): the case of pytorch issue 24234.
+    subprocess.run([sys.executable, "-c", KILLED, str(tmp_path / "tb"), str(Path(__file__).parent)],
+                   check=True, timeout=120)
+    acc = load(tmp_path / "tb")
+    assert [e.step for e in acc.Scalars("train/loss_avg")] == [1, 2, 3, 4]
+    assert [e.step for e in acc.Tensors("optim/update_outcome")] == [1, 2, 3, 4]
+    assert CONFIG_TAG in acc.Tags()["tensors"] and layout_metadata.CONFIG_SUMMARY_TAG in acc.Tags()["tensors"]
+    assert not (tmp_path / "tb" / HPARAMS_DIR).exists()  # written at close only
+
+
+def test_flush_every_n_steps(tmp_path):
+    frames = dpo_run(steps=3)  # train and val frames share each step
+    pub, sink = publish(tmp_path, frames, "dpo", close=False, flush=2)
+    # frames of steps 1 and 2 span two steps: flushed at step 2's first frame
+    steps = [e.step for e in load(sink.path).Scalars("train/loss_avg")]
+    assert steps[:2] == [1, 2]
+    pub.close()
+    assert [e.step for e in load(sink.path).Scalars("val/loss_avg")] == [1, 2, 3]
+
+
+def test_configuration_is_checked_and_the_constructor_does_no_io(tmp_path):
+    for bad in ("epoch", 0, -1, True, 1.5):
+        with pytest.raises(MetricsError, match="flush="):
+            TensorBoardSink(log_dir=tmp_path / "x", flush=bad)  # type: ignore[arg-type]
+    sink = TensorBoardSink(log_dir=tmp_path / "x")
+    assert not (tmp_path / "x").exists()
+    with pytest.raises(MetricsError, match="start"):
+        sink.write(Frame(1, {"train/loss_avg": 1.0}))
+    sink.close()  # closing a sink never started is a no-op
+
+
+def test_close_is_idempotent_and_log_dir_takes_the_run_name(tmp_path):
+    sink = TensorBoardSink(log_dir=tmp_path / "{name}-{run_id}")
+    pub = Publisher([sink], adapters=GRPO_ADAPTERS, run_name="exp", run_id="abc")
+    pub.start()
+    pub.publish(grpo_run(steps=1)[0])
+    sink.close()
+    sink.close()
+    pub.close()
+    assert pub.failures == {}
+    assert sink.path == tmp_path / "exp-abc"
+    assert len(list((sink.path / HPARAMS_DIR).glob("events.out.tfevents.*"))) == 1  # written once
+
+
+def test_constructing_the_sink_imports_no_tensorboard():
+    code = (
+        "import sys; from posttrain_metrics.integrations.tensorboard import TensorBoardSink; "
+        "TensorBoardSink(log_dir='unused'); "
+        "print(sorted(m for m in sys.modules if m == 'tensorboard' or m.startswith('tensorboard.')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_missing_tensorboard_names_the_install_line(tmp_path, monkeypatch):
+    real_import = builtins.__import__
+
+    def no_tensorboard(name, *args, **kwargs):
+        if name == "tensorboard" or name.startswith("tensorboard."):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_tensorboard)
+    pub = Publisher([], adapters=GRPO_ADAPTERS)
+    with pytest.raises(ImportError) as info:
+        TensorBoardSink(log_dir=tmp_path / "tb").start(pub.start())
+    pub.close()
+    assert "pip install 'posttrain-metrics[tensorboard]'" in str(info.value).splitlines()
+    assert not (tmp_path / "tb").exists()
+
+
+# -- custom-scalars layout ------------------------------------------------------------------------
+
+
+def read_layout(acc: ea.EventAccumulator) -> layout_pb2.Layout:
+    assert "custom_scalars__config__" in acc.PluginTagToContent(layout_metadata.PLUGIN_NAME)
+    [point] = acc.Tensors(layout_metadata.CONFIG_SUMMARY_TAG)
+    layout = layout_pb2.Layout()
+    layout.ParseFromString(point.tensor_proto.string_val[0])
+    return layout
+
+
+def charted(category: layout_pb2.Category, tag: str) -> bool:
+    for chart in category.chart:
+        if chart.HasField("multiline") and any(re.match(rx, tag) for rx in chart.multiline.tag):
+            return True
+        if chart.HasField("margin") and any(
+            tag in (s.value, s.lower, s.upper) for s in chart.margin.series
+        ):
+            return True
+    return False
+
+
+def test_layout_groups_headline_keys_and_families_and_charts_every_key(tmp_path):
+    frames = grpo_run(steps=3)
+    _, sink = publish(tmp_path, frames)
+    acc = load(sink.path)
+    layout = read_layout(acc)
+    categories = {c.title: c for c in layout.category}
+    assert layout.category[0].title == "GRPO headline" and not categories["GRPO headline"].closed
+    headline = categories["GRPO headline"]
+    for key in ("train/loss_avg", "train/reward_mean", "train/grad_norm", "train/grpo_informative_group_count",
+                "train/kl_mean", "train/kl_max", "optim/update_outcome/skipped"):
+        assert charted(headline, key), key
+    assert not charted(headline, "train/clip_frac")
+    expected = {
+        "GRPO logprob gap": ["train/logprob_gap_mean", "train/logprob_gap_token_count"],
+        "GRPO KL": ["train/kl_mean", "train/kl_max", "train/kl_beta"],
+        "GRPO score centering": ["train/sc_token_count", "train/sc_rho_max"],
+        "GRPO response length": ["train/response_len_mean", "train/response_len_max",
+                                 "train/rollout_truncated_frac"],
+        "reward & groups": ["train/reward_mean", "train/reward_max", "train/grpo_tied_group_count"],
+        "optimizer outcome": ["optim/update_outcome/applied", "optim/optimizer_step"],
+        "timing": ["timer/e2e_step_s"],
+    }
+    for title, keys in expected.items():
+        assert title in categories, (title, list(categories))
+        assert categories[title].closed
+        for key in keys:
+            assert charted(categories[title], key), (title, key)
+    topical = [c for c in layout.category if c.title != "GRPO headline"]
+    for tag in acc.Tags()["scalars"]:  # every published scalar sits in exactly one topic
+        assert sum(charted(c, tag) for c in topical) == 1, tag
+
+
+def test_layout_of_ppo_dpo_and_a_users_own_adapter():
+    def titles(adapters):
+        return {c.title: c for c in dashboard_layout(describe([get_adapter(a) if isinstance(a, str) else a
+                                                                for a in adapters]),
+                                                     [a if isinstance(a, str) else a.name for a in adapters])}
+
+    ppo = titles(["ppo"])
+    assert list(ppo)[:3] == ["PPO headline", "PPO policy", "PPO critic"]
+
+    def keys_of(category):
+        return {rx for chart in category.charts for rx in chart.tags}
+
+    assert any("train/clip_fraction" in rx for rx in keys_of(ppo["PPO policy"]))
+    assert any("train/value_loss" in rx for rx in keys_of(ppo["PPO critic"]))
+    assert not any("policy_reference" in rx for rx in keys_of(ppo["PPO policy"]))  # another population
+    assert any(c.bands for c in ppo["PPO"].charts)  # <x>_mean/_min/_max as a band
+    dpo = titles(["dpo"])
+    [loss] = [c for c in dpo["DPO headline"].charts if "loss_avg" in c.title]
+    assert re.match(loss.tags[0], "train/loss_avg") and re.match(loss.tags[0], "val/loss_avg")
+
+    mine = MetricAdapter("my_algo", internal_prefix="my_", metrics=[
+        Metric("loss", Reduction.MEAN, "My loss", headline=True),
+        Metric("tokens", Reduction.SUM, "Tokens"),
+        Metric("ent_mean", Reduction.WEIGHTED_MEAN, "Entropy", weight="tokens"),
+        Metric("ent_max", Reduction.MAX, "Max entropy"),
+        Metric("ent_min", Reduction.MIN, "Min entropy"),
+        Metric("ent_coef", Reduction.LAST, "Entropy coefficient"),
+        Metric("ent_target", Reduction.LAST, "Entropy target"),
+    ])
+    own = titles([mine])
+    assert list(own) == ["my_algo headline", "my_algo", "my_algo ent"]
+    assert [c.title for c in own["my_algo ent"].charts] == [
+        "train/ent (mean, min to max)", "train/ent_coef", "train/ent_target"]
+
+
+# -- hparams with the run aggregates -----------------------------------------------------------------
+
+
+def hparams_session(path: Path) -> tuple[ea.EventAccumulator, plugin_data_pb2.SessionStartInfo,
+                                         plugin_data_pb2.SessionEndInfo]:
+    acc = load(path / HPARAMS_DIR)
+    content = acc.PluginTagToContent(hparams_metadata.PLUGIN_NAME)
+    start = hparams_metadata.parse_session_start_info_plugin_data(content[hparams_metadata.SESSION_START_INFO_TAG])
+    end = hparams_metadata.parse_session_end_info_plugin_data(content[hparams_metadata.SESSION_END_INFO_TAG])
+    return acc, start, end
+
+
+def test_hparams_hold_the_config_and_the_run_aggregates(tmp_path):
+    frames = grpo_run(steps=5)
+    config = {"rl": {"kl_beta": 0.04, "clip": True}, "model": "tiny", "wandb": {"api_key": "PLANTED-secret"}}
+    pub, sink = publish(tmp_path, frames, config=config)
+    acc, start, end = hparams_session(sink.path)
+    assert start.hparams["rl/kl_beta"].number_value == 0.04
+    assert start.hparams["rl/clip"].bool_value is True
+    assert start.hparams["model"].string_value == "tiny"
+    assert start.hparams["wandb/api_key"].string_value == REDACTED
+    assert start.hparams["adapters"].string_value == "grpo,reward,trainer"
+    assert end.status == api_pb2.STATUS_SUCCESS
+    summary = RunSummary(pub.keys)
+    for frame in frames:
+        summary.add(display_frame(frame, pub.keys))
+    want = summary.values()
+    assert set(acc.Tags()["scalars"]) == {AGGREGATE_PREFIX + k for k in want}
+    for key, value in want.items():
+        [point] = acc.Scalars(AGGREGATE_PREFIX + key)
+        assert point.step == 5 and same(point.value, float(value)), key
+    tokens = sum(f.metrics["train/valid_token_count"] for f in frames)  # a run total, not a last value
+    assert acc.Scalars(AGGREGATE_PREFIX + "train/valid_token_count")[0].value == f32(tokens)
+    assert acc.Scalars(AGGREGATE_PREFIX + "optim/update_outcome/skipped")[0].value == 1
+    for path in sink.path.rglob("events.out.tfevents.*"):
+        assert b"PLANTED-secret" not in path.read_bytes()
+
+
+def test_a_failed_run_closes_its_session_as_failed(tmp_path):
+    _, sink = publish(tmp_path, ppo_run(steps=3, warmup=2), "ppo", failed=True)
+    acc, _, end = hparams_session(sink.path)
+    assert end.status == api_pb2.STATUS_FAILURE
+    assert AGGREGATE_PREFIX + "train/policy_loss" in acc.Tags()["scalars"]  # only the step that had it
+    assert AGGREGATE_PREFIX + "train/value_loss" in acc.Tags()["scalars"]
+
+
+def test_layout_and_hparams_can_be_turned_off(tmp_path):
+    _, sink = publish(tmp_path, grpo_run(steps=2), layout=False, hparams=False)
+    acc = load(sink.path)
+    assert layout_metadata.CONFIG_SUMMARY_TAG not in acc.Tags()["tensors"]
+    assert not (sink.path / HPARAMS_DIR).exists()

@@ -1,0 +1,115 @@
+"""The dashboard PNG: produced for GRPO, PPO and DPO journals, a valid PNG of a sensible size, with
+findings and non-finite points drawn; clear errors without matplotlib or with a non-PNG name."""
+
+from __future__ import annotations
+
+import math
+import struct
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+import pytest
+from _runs import GRPO_ADAPTERS, dpo_run, grpo_run, nonfinite_frame, ppo_run
+
+from posttrain_metrics import Frame, MetricsError
+from posttrain_metrics.cli import main
+from posttrain_metrics.core.health import Severity, run_checks
+from posttrain_metrics.integrations import Journal, JournalSink, Publisher, read_journal
+from posttrain_metrics.plot import dashboard
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def journal_of(
+    path: Path, frames: Iterable[Frame], adapters: object, config: dict[str, object] | None = None
+) -> Journal:
+    pub = Publisher([JournalSink(path)], adapters=adapters, run_name="plot-test", run_id="abc123")
+    pub.start(config if config is not None else {"rl": {"n_mini": 2}, "rollout": {"max_tokens": 16}})
+    for frame in frames:
+        pub.publish(frame)
+    pub.close()
+    return read_journal(path)
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """Width and height from the IHDR chunk, after checking the signature."""
+    data = path.read_bytes()
+    assert data[:8] == PNG_SIGNATURE, "not a PNG"
+    assert data[12:16] == b"IHDR"
+    width, height = struct.unpack(">II", data[16:24])
+    return width, height
+
+
+def check_png(path: Path) -> tuple[int, int]:
+    import matplotlib.image
+
+    width, height = png_size(path)
+    assert width == 1500 and 500 <= height <= 6000, (width, height)
+    pixels = matplotlib.image.imread(path)
+    assert pixels.shape[:2] == (height, width)
+    assert pixels[..., :3].std() > 0.05  # something was drawn, not a blank page
+    assert 30_000 < path.stat().st_size < 5_000_000
+    return width, height
+
+
+def test_grpo_dashboard(tmp_path):
+    journal = journal_of(tmp_path / "j.jsonl", grpo_run(steps=40), GRPO_ADAPTERS)
+    out = dashboard(journal, run_checks(journal), tmp_path / "dash.png")
+    assert out == tmp_path / "dash.png"
+    check_png(out)
+
+
+def test_grpo_dashboard_with_findings_and_non_finite_points(tmp_path):
+    frames = grpo_run(steps=20)
+    changed = []
+    for frame in frames:
+        metrics = dict(frame.metrics)
+        if frame.step in (8, 9):
+            metrics.update({"optim/update_outcome": "skipped", "optim/skip_reason": "nonfinite_gradient",
+                            "train/grad_norm": math.inf, "optim/nonfinite_skips_total": frame.step - 7})
+        changed.append(Frame(frame.step, metrics, frame.phase, frame.wall_time))
+    journal = journal_of(tmp_path / "j.jsonl", [*changed, nonfinite_frame(21)], GRPO_ADAPTERS,
+                         config={"rl": {"n_mini": 1}})
+    findings = run_checks(journal)
+    assert {f.severity for f in findings} >= {Severity.ERROR, Severity.WARNING}
+    check_png(dashboard(journal, findings, tmp_path / "sick.png"))
+
+
+def test_ppo_dashboard(tmp_path):
+    journal = journal_of(tmp_path / "j.jsonl", ppo_run(steps=10, warmup=3), "ppo", config={})
+    check_png(dashboard(journal, run_checks(journal), tmp_path / "ppo.png"))
+
+
+def test_dpo_dashboard_with_val_frames(tmp_path):
+    journal = journal_of(tmp_path / "j.jsonl", dpo_run(steps=6), "dpo", config={})
+    check_png(dashboard(journal, run_checks(journal), tmp_path / "dpo.png"))
+
+
+def test_dashboard_of_an_empty_run_and_an_unregistered_adapter(tmp_path):
+    journal = journal_of(tmp_path / "j.jsonl", [], GRPO_ADAPTERS, config={})
+    journal.header["adapters"] = [*journal.adapters, "not_registered_here"]
+    png_size(dashboard(journal, run_checks(journal), tmp_path / "empty.png"))
+
+
+def test_cli_plot_writes_the_png(tmp_path, capsys):
+    journal_of(tmp_path / "j.jsonl", grpo_run(steps=8), GRPO_ADAPTERS)
+    out = tmp_path / "sub" / "dash.png"
+    assert main(["plot", str(tmp_path / "j.jsonl"), "-o", str(out)]) == 0
+    assert f"wrote {out}" in capsys.readouterr().out
+    check_png(out)
+
+
+def test_non_png_output_is_a_clear_error(tmp_path, capsys):
+    journal_of(tmp_path / "j.jsonl", grpo_run(steps=2), GRPO_ADAPTERS)
+    assert main(["plot", str(tmp_path / "j.jsonl"), "-o", str(tmp_path / "dash.pdf")]) == 2
+    assert "FILE.png" in capsys.readouterr().err
+
+
+def test_missing_matplotlib_names_the_extra(tmp_path, monkeypatch):
+    journal = journal_of(tmp_path / "j.jsonl", grpo_run(steps=2), GRPO_ADAPTERS)
+    for module in ("matplotlib", "matplotlib.figure", "matplotlib.backends.backend_agg"):
+        monkeypatch.setitem(sys.modules, module, None)  # import of it raises ImportError
+    with pytest.raises(MetricsError, match=r"pip install 'posttrain-metrics\[plot\]'"):
+        dashboard(journal, [], tmp_path / "x.png")
+    assert not (tmp_path / "x.png").exists()
