@@ -1,0 +1,97 @@
+"""The demo, run for real: 2 gloo ranks, every sink, read back with each vendor's own client."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from _wandb_reader import read_offline_run
+
+from posttrain_metrics import get_adapter
+from posttrain_metrics.core.keys import describe, headline_keys
+from posttrain_metrics.demo.grpo_toy import NullHooks, ToyConfig, run_distributed
+from posttrain_metrics.demo.main import DEMO_ADAPTERS
+from posttrain_metrics.integrations.journal import read_journal
+
+STEPS = 10  # one validation frame at step 10
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("demo") / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "posttrain_metrics.cli", "demo", "--out", str(out), "--steps", str(STEPS),
+         "--ranks", "2", "--seed", "1"],
+        capture_output=True, text=True, timeout=240,
+    )
+    assert result.returncode == 0, f"demo failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    assert "mlflow ui --backend-store-uri" in result.stdout and "tensorboard --logdir" in result.stdout
+    assert "wandb sync" in result.stdout and "Doctor:" in result.stdout
+    return out
+
+
+def numeric_headlines(frame_metrics: dict) -> list[str]:
+    keys = describe([get_adapter(a) for a in DEMO_ADAPTERS])
+    return [k for k in headline_keys(keys, frame_metrics) if not isinstance(frame_metrics[k], str)]
+
+
+def test_demo_headline_keys_agree_across_journal_mlflow_tensorboard_and_wandb(demo_run: Path) -> None:
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    journal = read_journal(demo_run / "journal.jsonl")
+    assert journal.end is not None and journal.end["status"] == "finished"
+    train = [f for f in journal.frames if f.phase == "train"]
+    val = [f for f in journal.frames if f.phase == "val"]
+    assert [f.step for f in train] == list(range(1, STEPS + 1)) and [f.step for f in val] == [STEPS]
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{demo_run}/mlflow.db")
+    experiment = client.get_experiment_by_name("posttrain-metrics-demo")
+    assert experiment is not None
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.info.status == "FINISHED"
+
+    events = EventAccumulator(str(demo_run / "tensorboard"), size_guidance={"scalars": 0, "tensors": 0})
+    events.Reload()
+    tb_tags = set(events.Tags()["scalars"])
+
+    wandb_run = read_offline_run(demo_run / "wandb")
+    assert wandb_run.exit_code == 0
+
+    checked = 0
+    for frame in journal.frames:
+        keys = numeric_headlines(dict(frame.metrics))
+        assert keys, f"step {frame.step}: no headline keys"
+        for key in keys:
+            want = float(frame.metrics[key])
+            ml = {m.step: m.value for m in client.get_metric_history(run.info.run_id, key)}
+            assert ml[frame.step] == pytest.approx(want, rel=1e-12, abs=1e-12), (key, frame.step)
+            assert key in tb_tags, key
+            tb = {e.step: e.value for e in events.Scalars(key)}
+            assert tb[frame.step] == pytest.approx(want, rel=1e-6, abs=1e-7), (key, frame.step)  # float32
+            wb = wandb_run.column(key)
+            assert wb[frame.step] == pytest.approx(want, rel=1e-12, abs=1e-12), (key, frame.step)
+            checked += 1
+    assert checked >= STEPS * 4
+    # the outcome label: the journal holds the string, MLflow the last one as a tag, W&B every step's
+    outcomes = {f.step: f.metrics["optim/update_outcome"] for f in train}
+    assert run.data.tags["optim/update_outcome"] == outcomes[STEPS]
+    assert wandb_run.column("optim/update_outcome") == outcomes
+    assert set(outcomes.values()) <= {"applied", "skipped"}
+
+
+def test_demo_reward_rises_over_a_seeded_run() -> None:
+    """80 steps on 2 ranks, seed 0: the mean reward of the last tenth of the steps far above the first."""
+    summaries = run_distributed(ToyConfig(steps=80, seed=0), _null_hooks, ranks=2)
+    rewards = [float(r) for r in summaries[0]["reward_mean"]]
+    assert len(rewards) == 80 and rewards == [float(r) for r in summaries[1]["reward_mean"]]
+    first, last = sum(rewards[:8]) / 8, sum(rewards[-8:]) / 8
+    assert all(math.isfinite(r) for r in rewards)
+    assert last > first + 0.4, f"reward did not rise: {first:.3f} -> {last:.3f}"
+
+
+def _null_hooks(rank: int, world_size: int) -> NullHooks:
+    return NullHooks()
