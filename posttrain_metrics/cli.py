@@ -82,7 +82,10 @@ def cmd_plot(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from .export import export
 
-    return int(export(load_journal(args.journal), args.to, args.target, quiet=args.quiet))
+    kind, *rest = args.to
+    if kind not in ("tensorboard", "mlflow", "wandb") or len(rest) > 1:
+        raise MetricsError(f"--to {' '.join(args.to)}; fix: --to tensorboard [DIR] | mlflow [URI] | wandb [DIR]")
+    return int(export(load_journal(args.journal), kind, rest[0] if rest else None, quiet=args.quiet))
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -113,9 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     export = sub.add_parser("export", help="replay a journal into TensorBoard, MLflow or W&B (idempotent)")
     export.add_argument("journal", help="path of a journal.jsonl")
-    export.add_argument("--to", required=True, choices=["tensorboard", "mlflow", "wandb"])
-    export.add_argument("target", nargs="?", default=None,
-                        help="tensorboard: log dir; mlflow: tracking URI; wandb: run dir (optional)")
+    export.add_argument("--to", required=True, nargs="+", metavar=("KIND", "TARGET"),
+                        help="tensorboard [LOG_DIR] | mlflow [TRACKING_URI] | wandb [DIR]; the target "
+                        "defaults to the journal's folder (where the live sinks wrote)")
     export.add_argument("--quiet", action="store_true", help="no progress bar")
     export.set_defaults(func=cmd_export)
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from _wandb_reader import read_offline_run
+from posttrain_metrics.integrations.wandb_reader import read_offline_run
 
 from posttrain_metrics import get_adapter
 from posttrain_metrics.core.keys import describe, headline_keys

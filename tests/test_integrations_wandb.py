@@ -1,8 +1,8 @@
 """The W&B sink, run for real (offline) and read back from the run's ``.wandb`` transaction log.
 
 Each module-scoped run goes through the real Publisher (journal + W&B) and is decoded with wandb's
-own record classes (``wandb_internal_pb2.Record``, see ``_wandb_reader``). wandb is required: if
-it is missing, importing ``_wandb_reader`` fails with the install line (never a skip).
+own record classes (``wandb_internal_pb2.Record``, see ``posttrain_metrics.integrations.wandb_reader``). wandb is required: if
+it is missing, importing ``posttrain_metrics.integrations.wandb_reader`` fails with the install line (never a skip).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from _runs import GRPO_ADAPTERS, dpo_run, grpo_run, nonfinite_frame, ppo_run
-from _wandb_reader import OfflineRun, read_offline_run
+from posttrain_metrics.integrations.wandb_reader import OfflineRun, read_offline_run
 
 from posttrain_metrics import Frame, MetricsError
 from posttrain_metrics.core.keys import KeyInfo, describe
@@ -71,7 +71,7 @@ def publish(
             pub.close(failed=failed)
     # finish() returns once W&B acknowledged the exit record; wandb-core closes the .wandb file a few
     # ms later, asynchronously. teardown() waits for that (it also runs at interpreter exit).
-    import wandb  # present: importing _wandb_reader checked it, with the install line
+    import wandb  # present: importing posttrain_metrics.integrations.wandb_reader checked it, with the install line
 
     wandb.teardown()
     assert pub.failures == {}, pub.failures

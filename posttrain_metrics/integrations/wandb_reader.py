@@ -19,12 +19,12 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+from ..core.errors import MetricsError
+
 try:
     from wandb.proto import wandb_internal_pb2 as pb
-except ImportError as exc:  # never skip: say what is missing and how to get it
-    raise ImportError(
-        "the W&B sink tests need wandb: pip install 'posttrain-metrics[wandb]'"
-    ) from exc
+except ImportError as exc:  # say what is missing and how to get it
+    raise ImportError("reading W&B runs needs wandb: pip install 'posttrain-metrics[wandb]'") from exc
 
 __all__ = ["OfflineRun", "read_offline_run", "read_records", "run_file"]
 
@@ -42,7 +42,7 @@ def run_file(path: str | Path) -> Path:
         return p
     found = sorted(p.rglob("run-*.wandb"))
     if len(found) != 1:
-        raise AssertionError(f"expected exactly one run-*.wandb under {p}, found {[str(f) for f in found]}")
+        raise MetricsError(f"expected exactly one run-*.wandb under {p}, found {[str(f) for f in found]}")
     return found[0]
 
 
@@ -50,10 +50,10 @@ def read_records(path: str | Path) -> list[Any]:
     """Every record of the transaction log, in write order, as ``wandb_internal_pb2.Record``."""
     data = run_file(path).read_bytes()
     if len(data) < _FILE_HEADER.size:
-        raise AssertionError(f"{path}: {len(data)} bytes, too short for a W&B transaction log")
+        raise MetricsError(f"{path}: {len(data)} bytes, too short for a W&B transaction log")
     ident, magic, version = _FILE_HEADER.unpack_from(data, 0)
     if (ident, magic, version) != (_IDENT, _MAGIC, _VERSION):
-        raise AssertionError(f"{path}: not a W&B transaction log (header {ident!r} {magic:#x} v{version})")
+        raise MetricsError(f"{path}: not a W&B transaction log (header {ident!r} {magic:#x} v{version})")
     records: list[Any] = []
     pos = _FILE_HEADER.size
     pending = b""
@@ -70,9 +70,9 @@ def read_records(path: str | Path) -> list[Any]:
         start = pos + _CHUNK_HEADER.size
         chunk = data[start : start + length]
         if len(chunk) != length:
-            raise AssertionError(f"{path}: torn chunk at byte {pos}")
+            raise MetricsError(f"{path}: torn chunk at byte {pos}")
         if zlib.crc32(chunk, zlib.crc32(bytes([kind]))) & 0xFFFFFFFF != crc:
-            raise AssertionError(f"{path}: checksum mismatch at byte {pos}")
+            raise MetricsError(f"{path}: checksum mismatch at byte {pos}")
         pos = start + length
         if kind == _FULL:
             whole = chunk
@@ -85,7 +85,7 @@ def read_records(path: str | Path) -> list[Any]:
         elif kind == _LAST:
             whole, pending = pending + chunk, b""
         else:
-            raise AssertionError(f"{path}: unknown chunk type {kind} at byte {pos}")
+            raise MetricsError(f"{path}: unknown chunk type {kind} at byte {pos}")
         record = pb.Record()  # type: ignore[attr-defined]
         record.ParseFromString(whole)
         records.append(record)
@@ -119,7 +119,7 @@ class OfflineRun:
         """The last ``define_metric`` record of an exact key or a glob."""
         found = [m for m in self.metrics if name in (m.name, m.glob_name)]
         if not found:
-            raise AssertionError(f"no define_metric record for {name!r}")
+            raise MetricsError(f"no define_metric record for {name!r}")
         return found[-1]
 
     def column(self, key: str) -> dict[int, Any]:
@@ -163,5 +163,5 @@ def read_offline_run(path: str | Path) -> OfflineRun:
         elif kind == "exit":
             exit_code = record.exit.exit_code
     if run is None:
-        raise AssertionError(f"{file}: no run record")
+        raise MetricsError(f"{file}: no run record")
     return OfflineRun(file, records, run, history, summary, metrics, config, exit_code)

@@ -1,0 +1,174 @@
+"""``posttrain-metrics export``: replay a journal into TensorBoard, MLflow or W&B.
+
+Frames go through the same :class:`~posttrain_metrics.integrations.Publisher` path as live
+publication (label indicators, non-finite policy, step axis, summaries, layout), so an exported run
+looks like a live one. Export is idempotent and resumable because it reads the target back first and
+sends only the frames it does not hold yet: TensorBoard's event files in the log dir, the MLflow run
+tagged with the journal's run id (the run a live sink created, or a previous export), the offline W&B
+runs with the journal's run id. A point counts once per occurrence of its step, so a journal whose
+steps repeat (a resumed run) is exported faithfully too.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import sys
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from .core.errors import MetricsError
+from .core.frame import Frame
+from .integrations.base import Sink
+from .integrations.journal import Journal
+from .integrations.publisher import Publisher
+
+__all__ = ["export", "pending_frames"]
+
+Points = collections.Counter[tuple[str, int]]
+
+
+def _probe(frame: Frame) -> str | None:
+    """The key whose presence at the frame's step says the frame was written: its first finite
+    number (every sink writes a frame whole)."""
+    for key in sorted(frame.metrics):
+        value = frame.metrics[key]
+        if not isinstance(value, str) and math.isfinite(float(value)):
+            return key
+    return None
+
+
+def pending_frames(frames: Iterable[Frame], existing: Points) -> list[Frame]:
+    """The frames whose probe point is not in ``existing`` yet (counting repeated steps)."""
+    seen: Points = collections.Counter()
+    out = []
+    for frame in frames:
+        key = _probe(frame)
+        if key is None:
+            out.append(frame)
+            continue
+        seen[(key, frame.step)] += 1
+        if seen[(key, frame.step)] > existing[(key, frame.step)]:
+            out.append(frame)
+    return out
+
+
+# -- what each target already holds --------------------------------------------------------------------
+
+
+def _tensorboard_points(log_dir: Path) -> Points:
+    points: Points = collections.Counter()
+    if not any(log_dir.glob("events.out.tfevents.*")):
+        return points
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(log_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    for tag in events.Tags()["scalars"]:
+        points.update((tag, e.step) for e in events.Scalars(tag))
+    return points
+
+
+def _mlflow_points(uri: str, run_id: str, keys: Iterable[str]) -> Points:
+    from mlflow.tracking import MlflowClient
+
+    from .integrations.mlflow import RUN_ID_TAG
+
+    client = MlflowClient(tracking_uri=uri)
+    points: Points = collections.Counter()
+    for experiment in client.search_experiments():
+        runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.`{RUN_ID_TAG}` = '{run_id}'")
+        for run in runs:
+            for key in keys:
+                points.update((key, m.step) for m in client.get_metric_history(run.info.run_id, key))
+    return points
+
+
+def _wandb_points(directory: Path, run_id: str) -> Points:
+    from .integrations.wandb_reader import read_offline_run
+
+    points: Points = collections.Counter()
+    for file in sorted(directory.rglob(f"run-{run_id}.wandb")):
+        for row in read_offline_run(file).history:
+            step = row.get("trainer/step")
+            if isinstance(step, int):
+                points.update((key, step) for key in row if not key.startswith(("_", "trainer/")))
+    return points
+
+
+# -- the command ------------------------------------------------------------------------------------
+
+
+def _target(journal: Journal, to: str, target: str | None) -> tuple[Sink, str, Callable[[], Points]]:
+    home = journal.path.parent
+    keys = sorted({k for f in journal.frames for k, v in f.metrics.items() if not isinstance(v, str)})
+    if to == "tensorboard":
+        from .integrations.tensorboard import TensorBoardSink
+
+        log_dir = Path(target) if target else home / "tensorboard"
+        return TensorBoardSink(log_dir=log_dir), str(log_dir), lambda: _tensorboard_points(log_dir)
+    if to == "mlflow":
+        from .integrations.mlflow import MlflowSink
+
+        uri = target or f"sqlite:///{(home / 'mlflow.db').resolve()}"
+        experiment = journal.config.get("mlflow/experiment")
+        mlflow_sink = MlflowSink(tracking_uri=uri, dir=home, experiment=str(experiment) if experiment else None)
+        return mlflow_sink, uri, lambda: _mlflow_points(uri, journal.run_id, keys)
+    if to == "wandb":
+        from .integrations.wandb import WandbSink
+
+        directory = Path(target) if target else home
+        project = str(journal.config.get("wandb/project", "posttrain-metrics"))
+        sink = WandbSink(project=project, dir=directory, resume="allow", settings={"quiet": True})
+        return sink, str(directory / "wandb"), lambda: _wandb_points(directory, journal.run_id)
+    raise MetricsError(f"export --to {to!r}; fix: use tensorboard, mlflow or wandb")
+
+
+def export(journal: Journal, to: str, target: str | None = None, *, quiet: bool = False) -> int:
+    """Replay ``journal`` into ``to`` (``tensorboard``, ``mlflow`` or ``wandb``); 0 on success."""
+    sink, where, existing = _target(journal, to, target)
+    todo = pending_frames(journal.frames, existing())
+    total = len(journal.frames)
+    if not todo:
+        print(f"nothing to export: all {total} frames of run {journal.run_id} are already in {where}")
+        return 0
+    pub = Publisher([sink], adapters=journal.adapters, run_name=str(journal.header.get("name") or None),
+                    run_id=journal.run_id)
+    pub.start(journal.config)
+    progress = _Progress(len(todo), f"export -> {to}", quiet=quiet)
+    failed = journal.end is not None and journal.end.get("status") == "failed"
+    try:
+        for frame in todo:
+            pub.publish(frame)
+            progress.tick()
+    finally:
+        pub.close(failed=failed)
+        progress.done()
+    if pub.failures:
+        raise MetricsError(f"export to {where} failed ({pub.failures}); the target may be incomplete: run it again")
+    print(f"exported {len(todo)} of {total} frames of run {journal.run_id} to {where} "
+          f"({total - len(todo)} were already there)")
+    return 0
+
+
+class _Progress:
+    """A progress line on stderr, redrawn at most twice a second (no dependency)."""
+
+    def __init__(self, total: int, label: str, *, quiet: bool) -> None:
+        self.total, self.label, self.quiet = total, label, quiet or not sys.stderr.isatty()
+        self.count, self.started, self.shown = 0, time.monotonic(), 0.0
+
+    def tick(self) -> None:
+        self.count += 1
+        now = time.monotonic()
+        if not self.quiet and now - self.shown > 0.5:
+            self.shown = now
+            rate = self.count / max(now - self.started, 1e-9)
+            sys.stderr.write(f"\r{self.label}: {self.count}/{self.total} frames "
+                             f"({100 * self.count / self.total:.0f}%, {rate:.0f}/s)")
+            sys.stderr.flush()
+
+    def done(self) -> None:
+        if not self.quiet and self.shown:
+            sys.stderr.write("\n")
