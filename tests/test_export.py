@@ -1,0 +1,190 @@
+"""export: a journal replayed into each backend equals live publication, and twice adds nothing.
+
+The live run publishes to TensorBoard, an embedded MLflow store and an offline W&B run; its journal
+is then exported into a fresh TensorBoard dir, a real MLflow server and a fresh W&B dir, and both
+are read back with each vendor's own client.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _mlflow_server import mlflow_server  # noqa: F401
+from _runs import GRPO_ADAPTERS, grpo_run, nonfinite_frame
+
+from posttrain_metrics import Frame
+from posttrain_metrics.cli import main
+from posttrain_metrics.integrations import JournalSink, Publisher, read_journal
+from posttrain_metrics.integrations.mlflow import RUN_ID_TAG, MlflowSink
+from posttrain_metrics.integrations.tensorboard import TensorBoardSink
+from posttrain_metrics.integrations.wandb import WandbSink
+from posttrain_metrics.integrations.wandb_reader import read_offline_run
+
+RUN_ID = "exportrun0001"
+
+
+def frames() -> list[Frame]:
+    """A multi-step GRPO run with an outcome label, a step missing a key, and NaN/inf values."""
+    out = grpo_run(steps=6)
+    absent = dict(out[4].metrics)
+    del absent["train/kl_max"]
+    out[4] = Frame(5, absent, "train", out[4].wall_time)
+    return [*out, nonfinite_frame(7)]
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("live")
+    sinks = [JournalSink(root / "journal.jsonl"), TensorBoardSink(log_dir=root / "tensorboard"),
+             MlflowSink(dir=root, experiment="export-test"),
+             WandbSink(project="export-test", dir=root, settings={"quiet": True})]
+    pub = Publisher(sinks, adapters=GRPO_ADAPTERS, run_name="export-test", run_id=RUN_ID)
+    pub.start({"rl": {"kl_beta": 0.04}})
+    for frame in frames():
+        pub.publish(frame)
+    pub.close()
+    import wandb
+
+    wandb.teardown()  # the offline log is complete on disk before we read it
+    return root
+
+
+def same(a: float, b: float, rel: float = 1e-12) -> bool:
+    return (math.isnan(a) and math.isnan(b)) or a == b or math.isclose(a, b, rel_tol=rel, abs_tol=1e-12)
+
+
+def assert_series_equal(got: dict[str, list[tuple[int, float]]], want: dict[str, list[tuple[int, float]]],
+                        rel: float = 1e-12) -> None:
+    assert got.keys() == want.keys()
+    for key in want:
+        assert [s for s, _ in got[key]] == [s for s, _ in want[key]], key
+        assert all(same(g, w, rel) for (_, g), (_, w) in zip(got[key], want[key])), key
+
+
+def tensorboard_series(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "tensors": 0})
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def mlflow_series(uri: str) -> tuple[dict[str, list[tuple[int, float]]], dict[str, str], str]:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    runs = [r for e in client.search_experiments()
+            for r in client.search_runs([e.experiment_id], filter_string=f"tags.`{RUN_ID_TAG}` = '{RUN_ID}'")]
+    assert len(runs) == 1, f"expected one run tagged {RUN_ID} in {uri}, found {len(runs)}"
+    run = runs[0]
+    series = {key: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
+              for key in run.data.metrics}
+    return series, dict(run.data.tags), run.info.status
+
+
+def wandb_series(directory: Path) -> tuple[dict[str, list[tuple[int, Any]]], dict[str, Any]]:
+    run = read_offline_run(directory)
+    series: dict[str, list[tuple[int, Any]]] = {}
+    for row in run.history:
+        for key, value in row.items():
+            if not key.startswith(("_", "trainer/")):
+                series.setdefault(key, []).append((row["trainer/step"], value))
+    summary = {k: v for k, v in run.summary.items() if k.startswith("run/")}
+    return series, summary
+
+
+def export(journal: Path, *to: str, capsys: pytest.CaptureFixture[str]) -> str:
+    assert main(["export", str(journal), "--to", *to, "--quiet"]) == 0
+    return capsys.readouterr().out
+
+
+def test_export_to_tensorboard_equals_live_and_is_idempotent(live: Path, tmp_path: Path, capsys) -> None:
+    target = tmp_path / "tb"
+    assert "exported 7 of 7 frames" in export(live / "journal.jsonl", "tensorboard", str(target), capsys=capsys)
+    want = tensorboard_series(live / "tensorboard")
+    assert_series_equal(tensorboard_series(target), want)
+    assert "train/kl_max" in want and 5 not in [s for s, _ in want["train/kl_max"]]  # absent stays absent
+    assert math.isnan(dict(want["train/loss_avg"])[7])
+    assert "nothing to export" in export(live / "journal.jsonl", "tensorboard", str(target), capsys=capsys)
+    assert_series_equal(tensorboard_series(target), want)
+
+
+def test_export_is_resumable_after_a_partial_export(live: Path, tmp_path: Path, capsys) -> None:
+    lines = (live / "journal.jsonl").read_text().splitlines()
+    partial = tmp_path / "partial" / "journal.jsonl"
+    partial.parent.mkdir()
+    partial.write_text("\n".join(lines[:4]) + "\n")  # header + 3 frames: an export cut short
+    target = tmp_path / "tb"
+    assert "exported 3 of 3" in export(partial, "tensorboard", str(target), capsys=capsys)
+    assert "exported 4 of 7 frames" in export(live / "journal.jsonl", "tensorboard", str(target), capsys=capsys)
+    assert_series_equal(tensorboard_series(target), tensorboard_series(live / "tensorboard"))
+
+
+def test_export_to_a_real_mlflow_server_equals_live_and_is_idempotent(live: Path, mlflow_server: str, capsys) -> None:
+    assert "exported 7 of 7 frames" in export(live / "journal.jsonl", "mlflow", mlflow_server, capsys=capsys)
+    got, got_tags, status = mlflow_series(mlflow_server)
+    want, want_tags, _ = mlflow_series(f"sqlite:///{live}/mlflow.db")
+    assert_series_equal(got, want)
+    assert status == "FINISHED"
+    assert got_tags["optim/update_outcome"] == want_tags["optim/update_outcome"] == "applied"
+    assert [s for s, _ in got["optim/update_outcome/skipped"] if _] == [3]  # the skipped step charts
+    assert "nothing to export" in export(live / "journal.jsonl", "mlflow", mlflow_server, capsys=capsys)
+    assert_series_equal(mlflow_series(mlflow_server)[0], want)  # no duplicate points
+
+
+def test_export_to_wandb_equals_live_and_is_idempotent(live: Path, tmp_path: Path, capsys) -> None:
+    import wandb
+
+    target = tmp_path / "wb"
+    assert "exported 7 of 7 frames" in export(live / "journal.jsonl", "wandb", str(target), capsys=capsys)
+    wandb.teardown()
+    got, got_summary = wandb_series(target)
+    want, want_summary = wandb_series(live)
+    assert got.keys() == want.keys()
+    for key in want:
+        assert len(got[key]) == len(want[key]), key
+        for (gs, gv), (ws, wv) in zip(got[key], want[key]):
+            assert gs == ws and (gv == wv or same(float(gv), float(wv))), key
+    assert got_summary == want_summary
+    assert "nothing to export" in export(live / "journal.jsonl", "wandb", str(target), capsys=capsys)
+
+
+def test_export_finds_what_the_live_sinks_already_wrote(live: Path, capsys) -> None:
+    for kind in ("tensorboard", "mlflow", "wandb"):
+        assert "nothing to export: all 7 frames" in export(live / "journal.jsonl", kind, capsys=capsys), kind
+
+
+@pytest.mark.parametrize("kind", ["tensorboard", "mlflow", "wandb", "doctor", "plot"])
+def test_every_subcommand_fails_clearly_on_bad_journals(tmp_path: Path, capsys, kind: str) -> None:
+    def run(path: Path) -> int:
+        if kind == "doctor":
+            return main(["doctor", str(path)])
+        if kind == "plot":
+            return main(["plot", str(path), "-o", str(tmp_path / "x.png")])
+        return main(["export", str(path), "--to", kind, str(tmp_path / "target"), "--quiet"])
+
+    assert run(tmp_path / "missing.jsonl") == 2
+    assert "does not exist" in capsys.readouterr().err
+    journal = tmp_path / "j.jsonl"
+    pub = Publisher([JournalSink(journal)], adapters=GRPO_ADAPTERS, run_id="x")
+    pub.start({})
+    pub.close()
+    text = journal.read_text()
+    journal.write_text(text.replace('"version":1', '"version":7'))
+    assert run(journal) == 2
+    assert "version 7" in capsys.readouterr().err
+    journal.write_text(text.replace('"adapters":["grpo"', '"adapters":["grpo_v9"'))
+    assert run(journal) == 2
+    assert "unknown adapter 'grpo_v9'" in capsys.readouterr().err
+
+
+def test_a_torn_journal_exports_its_complete_lines(live: Path, tmp_path: Path, capsys) -> None:
+    text = (live / "journal.jsonl").read_text().splitlines()
+    torn = tmp_path / "torn.jsonl"
+    torn.write_text("\n".join(text[:5]) + "\n" + text[5][:40])  # killed mid-write
+    out = export(torn, "tensorboard", str(tmp_path / "tb"), capsys=capsys)
+    assert "exported 4 of 4 frames" in out
+    assert read_journal(torn).warnings
