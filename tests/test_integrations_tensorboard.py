@@ -52,7 +52,9 @@ def _needs_tensorboard() -> None:
 def publish(tmp_path: Path, frames: list[Frame], adapters=GRPO_ADAPTERS, *, config=None, failed=False,
             close=True, **options) -> tuple[Publisher, TensorBoardSink]:
     sink = TensorBoardSink(log_dir=tmp_path / "tb", **options)
-    pub = Publisher([JournalSink(tmp_path / "journal.jsonl"), sink], adapters=adapters, run_name="t")
+    # background=False: these tests check the sink's own flushing, not the publisher's threads
+    pub = Publisher([JournalSink(tmp_path / "journal.jsonl"), sink], adapters=adapters, run_name="t",
+                    background=False)
     pub.start(config or {"rl": {"kl_beta": 0.04, "lr": 1e-3}, "seed": 3})
     for frame in frames:
         pub.publish(frame)
@@ -199,7 +201,8 @@ from _runs import GRPO_ADAPTERS, grpo_run
 from posttrain_metrics.integrations import Publisher
 from posttrain_metrics.integrations.tensorboard import TensorBoardSink
 
-pub = Publisher([TensorBoardSink(log_dir=sys.argv[1])], adapters=GRPO_ADAPTERS)
+# background=False: the sink's flush at each step boundary is under test, not the publisher's queue
+pub = Publisher([TensorBoardSink(log_dir=sys.argv[1])], adapters=GRPO_ADAPTERS, background=False)
 pub.start()
 for frame in grpo_run(steps=4):
     pub.publish(frame)
@@ -242,7 +245,7 @@ def test_configuration_is_checked_and_the_constructor_does_no_io(tmp_path):
 
 def test_close_is_idempotent_and_log_dir_takes_the_run_name(tmp_path):
     sink = TensorBoardSink(log_dir=tmp_path / "{name}-{run_id}")
-    pub = Publisher([sink], adapters=GRPO_ADAPTERS, run_name="exp", run_id="abc")
+    pub = Publisher([sink], adapters=GRPO_ADAPTERS, run_name="exp", run_id="abc", background=False)
     pub.start()
     pub.publish(grpo_run(steps=1)[0])
     sink.close()

@@ -188,3 +188,52 @@ def test_flatten_config_redacts_secrets_everywhere():
 def test_journal_holds_no_secret(tmp_path):
     publish(grpo_run(steps=1), [JournalSink(tmp_path / "j.jsonl")], config={"db": {"password": "hunter2-PLANTED"}})
     assert "hunter2-PLANTED" not in (tmp_path / "j.jsonl").read_text()
+
+
+def test_background_sinks_never_hold_the_step_and_drop_oldest_when_full(tmp_path):
+    import threading
+    import time
+
+    gate, entered = threading.Event(), threading.Event()
+
+    class Slow(MemorySink):
+        name = "slow"
+
+        def write(self, frame):
+            entered.set()
+            gate.wait(10)  # a tracker that hangs until released
+            super().write(frame)
+
+    slow = Slow()
+    pub = Publisher([JournalSink(tmp_path / "j.jsonl"), slow], adapters=GRPO_ADAPTERS, queue_size=3)
+    pub.start({})
+    frames = grpo_run(steps=8)
+    started = time.perf_counter()
+    pub.publish(frames[0])
+    assert entered.wait(10)  # the sink now hangs inside its first write
+    with pytest.warns(UserWarning, match="dropping its oldest frames"):
+        for frame in frames[1:]:
+            pub.publish(frame)
+    assert time.perf_counter() - started < 1.0  # the hung sink cost the steps nothing
+    assert len(read_journal(tmp_path / "j.jsonl").frames) == 8  # the journal has every frame
+    gate.set()
+    pub.close()
+    # one frame was in the sink's hands when it hung, 3 fit the queue, the rest were the oldest
+    assert pub.dropped == {"slow": 4}
+    assert [f.step for f in slow.frames] == [1, 6, 7, 8]
+    assert slow.closed is False
+
+
+def test_close_waits_for_background_sinks_to_drain(tmp_path):
+    import time
+
+    class Sluggish(MemorySink):
+        name = "sluggish"
+
+        def write(self, frame):
+            time.sleep(0.02)
+            super().write(frame)
+
+    sink = Sluggish()
+    publish(grpo_run(steps=10), [sink])
+    assert [f.step for f in sink.frames] == list(range(1, 11)) and sink.closed is False

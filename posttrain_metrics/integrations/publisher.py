@@ -5,6 +5,11 @@ per label (``optim/update_outcome/skipped``) so that outcomes chart in every tra
 0/1, and non-finite values a backend cannot store faithfully are removed for that backend and
 counted under ``health/nonfinite/<key>`` with one warning per key. The journal gets the frame
 exactly as reduced. A sink that raises is warned about once and never stops training or the others.
+
+Only the reduction and the journal line happen on the training thread: every other sink writes on
+its own thread behind a bounded queue (:class:`~posttrain_metrics.integrations.worker.SinkWorker`;
+drop-oldest when full, counted, the journal keeps every frame for ``posttrain-metrics export``).
+``close`` drains the queues (bounded by ``close_timeout``) and closes every sink.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from ..core.redact import flatten_config
 from ..core.reducer import AdapterSpec, resolve_adapters
 from ..core.values import Scalar
 from .base import RunInfo, Sink
+from .worker import SinkWorker
 
 __all__ = ["Publisher", "display_frame", "nonfinite_kind"]
 
@@ -62,8 +68,15 @@ class Publisher:
         adapters: AdapterSpec,
         run_name: str | None = None,
         run_id: str | None = None,
+        background: bool = True,
+        queue_size: int = 1024,
+        close_timeout: float = 300.0,
     ) -> None:
         self.sinks = sorted(sinks, key=lambda s: s.name != "journal")  # the journal first
+        self.background = background
+        self.queue_size = queue_size
+        self.close_timeout = close_timeout
+        self.workers: dict[str, SinkWorker] = {}
         self.adapters = resolve_adapters(adapters)
         self.keys = describe(self.adapters)
         self.run_id = run_id or uuid.uuid4().hex[:16]
@@ -91,6 +104,8 @@ class Publisher:
         if self.publishes_here():
             for sink in self.sinks:
                 self._call(sink, "start", run)
+                if self.background and sink.name != "journal":
+                    self.workers[sink.name] = SinkWorker(sink, self._call, maxsize=self.queue_size)
             atexit.register(self.close)
         return run
 
@@ -101,7 +116,20 @@ class Publisher:
             self.start()
         shown = display_frame(frame, self.keys)
         for sink in self.sinks:
-            self._call(sink, "write", frame if sink.name == "journal" else self._for(sink, shown))
+            if sink.name == "journal":
+                self._call(sink, "write", frame)
+                continue
+            prepared = self._for(sink, shown)
+            worker = self.workers.get(sink.name)
+            if worker is None:
+                self._call(sink, "write", prepared)
+            elif not worker.put(prepared) and worker.dropped == 1:
+                warnings.warn(
+                    f"sink {sink.name!r} is {worker.maxsize} frames behind; dropping its oldest frames "
+                    "(counted in Publisher.dropped). The journal keeps them: `posttrain-metrics export` "
+                    "puts them back.",
+                    stacklevel=2,
+                )
 
     def close(self, *, failed: bool = False) -> None:
         if self._closed:
@@ -110,7 +138,21 @@ class Publisher:
         atexit.unregister(self.close)
         if self.run is not None and self.publishes_here():
             for sink in self.sinks:
-                self._call(sink, "close", failed=failed)
+                worker = self.workers.get(sink.name)
+                if worker is None:
+                    self._call(sink, "close", failed=failed)
+                elif not worker.close(failed=failed, timeout=self.close_timeout):
+                    warnings.warn(
+                        f"sink {sink.name!r} did not finish within {self.close_timeout:.0f} s "
+                        f"({worker.backlog} frames still queued); the journal has them for "
+                        "`posttrain-metrics export`",
+                        stacklevel=2,
+                    )
+
+    @property
+    def dropped(self) -> dict[str, int]:
+        """Frames each background sink dropped because its queue was full."""
+        return {name: w.dropped for name, w in self.workers.items() if w.dropped}
 
     def __enter__(self) -> Publisher:
         if self.run is None:
