@@ -8,3 +8,5 @@ import os
 for var in ("WANDB_API_KEY", "MLFLOW_TRACKING_URI", "WANDB_MODE", "WANDB_BASE_URL"):
     os.environ.pop(var, None)
 os.environ.setdefault("WANDB_SILENT", "true")
+
+from _mlflow_server import mlflow_server  # noqa: E402,F401  (a real mlflow server, session-scoped)

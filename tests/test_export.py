@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _mlflow_server import mlflow_server  # noqa: F401
 from _runs import GRPO_ADAPTERS, grpo_run, nonfinite_frame
 
 from posttrain_metrics import Frame

@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 from _runs import GRPO_ADAPTERS, dpo_run, grpo_run, nonfinite_frame, ppo_run
-from posttrain_metrics.integrations.wandb_reader import OfflineRun, read_offline_run
 
 from posttrain_metrics import Frame, MetricsError
 from posttrain_metrics.core.keys import KeyInfo, describe
@@ -28,6 +27,7 @@ from posttrain_metrics.core.summary import RunSummary
 from posttrain_metrics.integrations import JournalSink, Publisher, Sink, read_journal
 from posttrain_metrics.integrations.publisher import display_frame
 from posttrain_metrics.integrations.wandb import NAMESPACES, RUN_PREFIX, STEP_KEY, WandbSink, resolve_mode
+from posttrain_metrics.integrations.wandb_reader import OfflineRun, read_offline_run
 
 SECRET = "sk-live-0123456789abcdefghijklmnop"
 DB_PASSWORD = "hunter2-very-secret-pw"

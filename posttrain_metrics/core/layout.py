@@ -37,7 +37,7 @@ _SLOTS: dict[Reduction, tuple[tuple[str, ...], tuple[str, ...]]] = {
     Reduction.MIN: (("nan",), ("negmin", "type")),
     Reduction.MEAN: (("sum", "n"), ()),
     Reduction.LAST: (("sum", "nan"), ("max", "negmin", "type")),
-    Reduction.POOLED_STD: (("n", "nm", "nss"), ()),
+    Reduction.POOLED_STD: (("n", "nm", "nss", "nmm"), ("mmax", "negmmin")),
     Reduction.CATEGORICAL: ((), ()),  # one-hot slots, one per label, follow presence
 }
 
@@ -285,9 +285,13 @@ class Layout:
             n = self._partner(key, key.weight, values, chunk, "count") if key.weight else 1.0
             mean = self._partner(key, key.mean, values, chunk, "mean", weight=False)
             if n > 0.0:
+                # Within- and between-contribution moments apart, and the spread of the means in
+                # the MAX buffer: tied means give exactly zero between-variance, not rounding noise.
                 S[s] += n
                 S[s + 1] += n * mean
-                S[s + 2] += n * (v * v + mean * mean)
+                S[s + 2] += n * v * v
+                S[s + 3] += n * mean * mean
+                M[m], M[m + 1] = max(M[m], mean), max(M[m + 1], -mean)
 
     def _partner(
         self,
@@ -393,7 +397,9 @@ class Layout:
             if n <= 0.0:
                 return 0.0
             mean = S[s + 1] / n
-            return math.sqrt(max(S[s + 2] / n - mean * mean, 0.0))
+            tied = M[m] == -M[m + 1] and math.isfinite(mean)
+            between = 0.0 if tied else max(S[s + 3] / n - mean * mean, 0.0)
+            return math.sqrt(S[s + 2] / n + between)
         labels = [label for i, label in enumerate(key.metric.labels) if S[s + i] > 0.0]
         if len(labels) > 1:
             counts = {label: int(S[s + key.metric.labels.index(label)]) for label in labels}

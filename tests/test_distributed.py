@@ -1,0 +1,437 @@
+"""MetricReducer over real torch.distributed: gloo on CPU, 2 and 4 processes.
+
+Each world size is started once (spawned processes, a file:// rendezvous in a temporary directory)
+and every worker runs the same list of scenarios in order, reporting each outcome, its elapsed time
+and what it observed back to the parent through a queue. The tests then assert per rank. Error
+scenarios are followed by healthy ones, so a rank that fell out of step with the others would show
+up as a hang (the gloo timeout) instead of passing silently.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import queue as queue_module
+import random
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch.multiprocessing as mp
+
+from posttrain_metrics import (
+    Metric,
+    MetricAdapter,
+    MetricReducer,
+    MetricsError,
+    Reduction,
+    get_adapter,
+    reduce_metrics,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+R = Reduction
+WORLD_SIZES = (2, 4)
+GLOO_TIMEOUT_S = 30
+PARENT_DEADLINE_S = 50
+FAST_S = 10.0  # an error must reach every rank within seconds, not a gloo timeout
+GRPO_STEP = ["grpo", "reward", "trainer"]
+COLLECTIVES = (
+    "all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor", "all_gather_object",
+    "broadcast", "broadcast_object_list", "barrier", "monitored_barrier", "reduce", "reduce_scatter",
+    "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "gather", "gather_object", "scatter",
+    "scatter_object_list", "send", "recv", "isend", "irecv", "batch_isend_irecv",
+)
+
+STAGES = MetricAdapter(
+    "stages",
+    internal_prefix="stage_",
+    metrics=[
+        Metric(f"stage_{name}_s", r, f"Wall time of the {name} stage", namespace="timer", unit="s")
+        for name, r in [("rollout", R.MEAN), ("reward", R.MEAN), ("logprob", R.MAX), ("backward", R.MAX),
+                        ("optimizer", R.MIN), ("sync", R.MEAN), ("checkpoint", R.LAST), ("data", R.SUM)]
+    ],
+)
+"""A small user adapter, so that the counted step declares more than 60 keys."""
+
+
+def chunks_per_rank(world: int) -> list[int]:
+    return [3, 1, 0, 2][:world] if world > 2 else [3, 1]
+
+
+def window(adapters: list[MetricAdapter], rank: int, step: int, n_chunks: int) -> list[dict[str, Any]]:
+    """Deterministic chunks carrying every declared key (the parent rebuilds the same data)."""
+    rng = random.Random(f"{rank}/{step}")
+    out = []
+    for c in range(n_chunks):
+        last = c == n_chunks - 1
+        chunk: dict[str, Any] = {}
+        for adapter in adapters:
+            for source, metric in adapter.metrics.items():
+                r = metric.reduction
+                if r is R.SUM:
+                    chunk[source] = rng.choice([0, rng.randint(1, 3000)])
+                elif r is R.CATEGORICAL:
+                    if source == "update_outcome":
+                        chunk[source] = "applied" if last else "accumulating"
+                elif r is R.LAST and metric.namespace == "optim":
+                    chunk[source] = step * 10 + (c if not last else 0)  # every rank ends on the same counter
+                elif r in (R.MAX, R.MIN) and metric.unit == "tokens":
+                    chunk[source] = rng.randint(1, 4096)
+                elif r is R.POOLED_STD:
+                    chunk[source] = rng.uniform(0.0, 1.0)
+                else:
+                    chunk[source] = rng.uniform(-3.0, 3.0)
+        out.append(chunk)
+    return out
+
+
+def full_data(adapters: list[MetricAdapter], world: int, step: int) -> list[list[dict[str, Any]]]:
+    return [window(adapters, r, step, n) for r, n in enumerate(chunks_per_rank(world))]
+
+
+def as_tensors(chunk: Mapping[str, Any]) -> dict[str, Any]:
+    """Half of the values as 0-d float64/int64 tensors (exactly the same numbers)."""
+    import torch
+
+    out: dict[str, Any] = {}
+    for i, (key, value) in enumerate(sorted(chunk.items())):
+        if i % 2 == 0 and isinstance(value, (int, float)) and not isinstance(value, bool):
+            dtype = torch.int64 if isinstance(value, int) else torch.float64
+            out[key] = torch.tensor(value, dtype=dtype)
+        else:
+            out[key] = value
+    return out
+
+
+# -- worker scenarios (run in every spawned process) -------------------------------------------------
+
+
+def _reduce(adapters: Any, chunks: list[dict[str, Any]], step: int) -> dict[str, Any]:
+    reducer = MetricReducer(adapters)
+    for chunk in chunks:
+        reducer.add(chunk)
+    frame = reducer.reduce(step)
+    assert frame.step == step
+    return dict(frame.metrics)
+
+
+def scenario_equal(rank: int, world: int) -> Any:
+    adapters = [get_adapter(n) for n in GRPO_STEP]
+    reducer = MetricReducer(GRPO_STEP)
+    frames = []
+    for step in (5, 6):
+        for chunk in full_data(adapters, world, step)[rank]:
+            reducer.add(as_tensors(chunk))
+        frames.append(dict(reducer.reduce(step).metrics))
+    return frames
+
+
+def scenario_count(rank: int, world: int) -> Any:
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+
+    adapters = [*(get_adapter(n) for n in GRPO_STEP), STAGES]
+    calls: list[str] = []
+    originals: dict[tuple[Any, str], Any] = {}
+    for module in (dist, distributed_c10d):
+        for name in COLLECTIVES:
+            original = getattr(module, name, None)
+            if original is None:
+                continue
+            target = getattr(distributed_c10d, name, original)  # one wrapper per function, counted once
+
+            def counted(*args: Any, __name: str = name, __fn: Any = target, **kwargs: Any) -> Any:
+                calls.append(__name)
+                return __fn(*args, **kwargs)
+
+            originals[(module, name)] = original
+            setattr(module, name, counted)
+    try:
+        reducer = MetricReducer(adapters)
+        per_step: list[list[str]] = []
+        frames = []
+        for step in (1, 2, 3):
+            for chunk in full_data(adapters, world, step)[rank]:
+                reducer.add(chunk)
+            before = len(calls)
+            frames.append(dict(reducer.reduce(step).metrics))
+            per_step.append(calls[before:])
+    finally:
+        for (module, name), original in originals.items():
+            setattr(module, name, original)
+    return {"per_step": per_step, "frames": frames, "keys": sum(len(a.metrics) for a in adapters)}
+
+
+def scenario_adapters_differ(rank: int, world: int) -> Any:
+    names = GRPO_STEP if rank == 0 else ["grpo", "trainer"]
+    return _reduce(names, [{"grpo_kl_max": 1.0, "update_outcome": "applied"}], 7)
+
+
+def scenario_adapter_order_differs(rank: int, world: int) -> Any:
+    names = ["grpo", "trainer"] if rank % 2 == 0 else ["trainer", "grpo"]
+    return _reduce(names, [{"grpo_kl_max": 1.0}], 7)
+
+
+GAP = {
+    "grpo_logprob_gap_mean": 0.05,
+    "grpo_mean_rank_logprob_gap_p99": 0.4,
+    "grpo_logprob_gap_gt0p5_frac": 0.001,
+    "grpo_logprob_gap_token_count": 800,
+}
+
+
+def scenario_partial_gap_record(rank: int, world: int) -> Any:
+    chunk: dict[str, Any] = {"grpo_clip_frac": 0.1, "grpo_valid_token_count": 900, **GAP}
+    if rank == world - 1:
+        chunk = {"grpo_clip_frac": 0.1, "grpo_valid_token_count": 900, "grpo_logprob_gap_mean": 0.05}
+    return _reduce(GRPO_STEP, [chunk], 8)
+
+
+def scenario_gap_on_some_ranks(rank: int, world: int) -> Any:
+    chunk: dict[str, Any] = {"grpo_clip_frac": 0.1, "grpo_valid_token_count": 900}
+    if rank == 0:
+        chunk.update(GAP)
+    return _reduce(GRPO_STEP, [chunk], 9)
+
+
+def scenario_outcomes_disagree(rank: int, world: int) -> Any:
+    last = "applied" if rank == 0 else "skipped"
+    return _reduce(GRPO_STEP, [{"update_outcome": "accumulating"}, {"update_outcome": last}], 10)
+
+
+def scenario_unknown_key_on_one_rank(rank: int, world: int) -> Any:
+    chunk: dict[str, Any] = {"grpo_kl_max": 1.0}
+    if rank == 1:
+        chunk["grpo_kl_maximum"] = 2.0
+    return _reduce(GRPO_STEP, [chunk], 11)
+
+
+def scenario_bad_value_on_one_rank(rank: int, world: int) -> Any:
+    value: Any = "nan?" if rank == world - 1 else 0.5
+    return _reduce(GRPO_STEP, [{"grpo_kl_max": value}], 12)
+
+
+def scenario_steps_differ(rank: int, world: int) -> Any:
+    return _reduce(GRPO_STEP, [{"grpo_kl_max": 1.0}], 13 + rank)
+
+
+def scenario_one_rank_only(rank: int, world: int) -> Any:
+    chunk: dict[str, Any] = {"grpo_clip_frac": 0.5, "grpo_valid_token_count": 10 * (rank + 1)}
+    if rank == world - 1:
+        chunk["grpo_kl_max"] = 7.5
+    if rank == 0:
+        chunk["grpo_dynamic_sampling_idle_cells"] = 4
+    return _reduce(GRPO_STEP, [chunk], 14)
+
+
+def scenario_still_in_step(rank: int, world: int) -> Any:
+    return _reduce(GRPO_STEP, [{"grpo_kl_max": float(rank), "rollout_count": 2}], 15)
+
+
+SCENARIOS: dict[str, Callable[[int, int], Any]] = {
+    "equal": scenario_equal,
+    "count": scenario_count,
+    "adapters_differ": scenario_adapters_differ,
+    "adapter_order_differs": scenario_adapter_order_differs,
+    "partial_gap_record": scenario_partial_gap_record,
+    "gap_on_some_ranks": scenario_gap_on_some_ranks,
+    "outcomes_disagree": scenario_outcomes_disagree,
+    "unknown_key_on_one_rank": scenario_unknown_key_on_one_rank,
+    "bad_value_on_one_rank": scenario_bad_value_on_one_rank,
+    "steps_differ": scenario_steps_differ,
+    "one_rank_only": scenario_one_rank_only,
+    "still_in_step": scenario_still_in_step,
+}
+
+
+def _worker(rank: int, world: int, store: str, results: Any) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    report: dict[str, tuple[str, Any, float]] = {}
+    try:
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)
+        dist.init_process_group(
+            "gloo",
+            init_method=f"file://{store}",
+            rank=rank,
+            world_size=world,
+            timeout=datetime.timedelta(seconds=GLOO_TIMEOUT_S),
+        )
+        for name, scenario in SCENARIOS.items():
+            start = time.monotonic()
+            try:
+                outcome: tuple[str, Any] = ("ok", scenario(rank, world))
+            except MetricsError as exc:
+                outcome = ("MetricsError", str(exc))
+            except Exception:
+                outcome = ("crash", traceback.format_exc())
+            report[name] = (*outcome, time.monotonic() - start)
+    except Exception:
+        report["<setup>"] = ("crash", traceback.format_exc(), 0.0)
+    results.put((rank, report))
+    try:  # leave together: a rank that closed its connections early would break a slower peer
+        dist.barrier()
+        dist.destroy_process_group()
+    except Exception:
+        pass
+
+
+def run_world(world: int, directory: Path) -> dict[int, dict[str, tuple[str, Any, float]]]:
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    store = directory / f"store-{world}"
+    procs = [ctx.Process(target=_worker, args=(r, world, str(store), results), daemon=True) for r in range(world)]
+    for p in procs:
+        p.start()
+    reports: dict[int, dict[str, tuple[str, Any, float]]] = {}
+    deadline = time.monotonic() + PARENT_DEADLINE_S
+    try:
+        while len(reports) < world:
+            try:
+                rank, report = results.get(timeout=0.5)
+            except queue_module.Empty:
+                dead = [r for r, p in enumerate(procs) if p.exitcode is not None and r not in reports]
+                if dead:
+                    pytest.fail(f"world {world}: ranks {dead} exited ({[procs[r].exitcode for r in dead]}) unreported")
+                if time.monotonic() > deadline:
+                    pytest.fail(f"world {world}: only ranks {sorted(reports)} reported within {PARENT_DEADLINE_S}s")
+                continue
+            reports[rank] = report
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+    for rank, report in reports.items():
+        assert "<setup>" not in report, f"rank {rank}: {report['<setup>'][1]}"
+    return reports
+
+
+@pytest.fixture(scope="module", params=WORLD_SIZES, ids=lambda w: f"world{w}")
+def world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict[int, dict[str, tuple[str, Any, float]]]]:
+    size = request.param
+    return size, run_world(size, tmp_path_factory.mktemp(f"dist{size}"))
+
+
+def outcomes(world: tuple[int, dict[int, dict[str, Any]]], scenario: str) -> list[tuple[str, Any, float]]:
+    size, reports = world
+    assert sorted(reports) == list(range(size))
+    got = [reports[r][scenario] for r in range(size)]
+    for rank, (status, detail, _) in enumerate(got):
+        assert status != "crash", f"rank {rank} crashed in {scenario}:\n{detail}"
+    return got
+
+
+def assert_same_metrics(actual: Mapping[str, Any], expected: Mapping[str, Any]) -> None:
+    assert sorted(actual) == sorted(expected)
+    for key, want in expected.items():
+        got = actual[key]
+        assert type(got) is type(want), f"{key}: {got!r} vs {want!r}"
+        if isinstance(want, float):
+            assert math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-12), f"{key}: {got!r} vs {want!r}"
+        else:
+            assert got == want, f"{key}: {got!r} vs {want!r}"
+
+
+def assert_error_everywhere(world: tuple[int, dict[int, dict[str, Any]]], scenario: str, *needles: str) -> None:
+    for rank, (status, detail, elapsed) in enumerate(outcomes(world, scenario)):
+        assert status == "MetricsError", f"rank {rank} in {scenario}: {status} {detail!r}"
+        assert elapsed < FAST_S, f"rank {rank} took {elapsed:.1f}s to fail {scenario}"
+        for needle in needles:
+            assert needle in detail, f"rank {rank}: {needle!r} not in {detail!r}"
+
+
+# -- the tests -------------------------------------------------------------------------------------------
+
+
+def test_distributed_equals_reduce_metrics(world: tuple[int, Any]) -> None:
+    size = world[0]
+    adapters = [get_adapter(n) for n in GRPO_STEP]
+    results = outcomes(world, "equal")
+    for step_index, step in enumerate((5, 6)):
+        expected = reduce_metrics(GRPO_STEP, full_data(adapters, size, step))
+        assert len(expected) >= 50
+        assert expected["optim/update_outcome"] == "applied"
+        assert type(expected["optim/optimizer_step"]) is int
+        for rank, (status, frames, _) in enumerate(results):
+            assert status == "ok", f"rank {rank}: {frames}"
+            assert_same_metrics(frames[step_index], expected)
+
+
+def test_two_collectives_per_step_after_one_handshake(world: tuple[int, Any]) -> None:
+    size = world[0]
+    adapters = [*(get_adapter(n) for n in GRPO_STEP), STAGES]
+    for rank, (status, seen, _) in enumerate(outcomes(world, "count")):
+        assert status == "ok", f"rank {rank}: {seen}"
+        assert seen["keys"] >= 60
+        first, *rest = seen["per_step"]
+        assert rest, "several steps were counted"
+        for calls in rest:
+            assert 1 <= len(calls) <= 2, f"rank {rank}: {calls}"
+        assert len(first) == len(rest[0]) + 1, f"rank {rank}: first step {first}, then {rest[0]}"
+        for step, frame in zip((1, 2, 3), seen["frames"]):
+            assert_same_metrics(frame, reduce_metrics(adapters, full_data(adapters, size, step)))
+
+
+@pytest.mark.parametrize("scenario", ["adapters_differ", "adapter_order_differs"])
+def test_different_adapters_fail_on_every_rank(world: tuple[int, Any], scenario: str) -> None:
+    assert_error_everywhere(world, scenario, "adapters")
+
+
+def test_partial_logprob_gap_record_fails_on_every_rank(world: tuple[int, Any]) -> None:
+    assert_error_everywhere(world, "partial_gap_record", "grpo_logprob_gap_mean")
+
+
+def test_logprob_gap_family_on_some_ranks_only_fails_on_every_rank(world: tuple[int, Any]) -> None:
+    assert_error_everywhere(world, "gap_on_some_ranks", "logprob_gap")
+
+
+def test_disagreeing_update_outcome_fails_on_every_rank(world: tuple[int, Any]) -> None:
+    assert_error_everywhere(world, "outcomes_disagree", "update_outcome", "applied", "skipped")
+
+
+def test_unknown_key_on_one_rank_fails_on_every_rank(world: tuple[int, Any]) -> None:
+    assert_error_everywhere(world, "unknown_key_on_one_rank", "rank 1")
+    _, detail, _ = outcomes(world, "unknown_key_on_one_rank")[1]
+    assert "'grpo_kl_maximum'" in detail  # the rank that saw it has the details
+
+
+def test_bad_value_on_one_rank_fails_on_every_rank(world: tuple[int, Any]) -> None:
+    size = world[0]
+    assert_error_everywhere(world, "bad_value_on_one_rank", f"rank {size - 1}", "grpo_kl_max")
+
+
+def test_ranks_reducing_different_steps_fail_on_every_rank(world: tuple[int, Any]) -> None:
+    assert_error_everywhere(world, "steps_differ", "step")
+
+
+def test_key_present_on_one_rank_is_published(world: tuple[int, Any]) -> None:
+    size = world[0]
+    weights = [10 * (r + 1) for r in range(size)]
+    for rank, (status, metrics, _) in enumerate(outcomes(world, "one_rank_only")):
+        assert status == "ok", f"rank {rank}: {metrics}"
+        assert metrics["train/kl_max"] == 7.5
+        assert metrics["train/grpo_dynamic_sampling_idle_cells"] == 4
+        assert type(metrics["train/grpo_dynamic_sampling_idle_cells"]) is int
+        assert metrics["train/valid_token_count"] == sum(weights)
+        assert math.isclose(metrics["train/clip_frac"], 0.5, rel_tol=1e-12)
+        assert "train/kl_mean" not in metrics
+        assert "optim/update_outcome" not in metrics
+
+
+def test_ranks_stay_in_step_after_errors(world: tuple[int, Any]) -> None:
+    size = world[0]
+    for rank, (status, metrics, elapsed) in enumerate(outcomes(world, "still_in_step")):
+        assert status == "ok", f"rank {rank}: {metrics}"
+        assert metrics == {"train/kl_max": float(size - 1), "train/rollout_count": 2 * size}
+        assert elapsed < FAST_S
