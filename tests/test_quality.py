@@ -37,3 +37,12 @@ def test_keys_markdown_lists_every_declared_key():
     assert result.returncode == 0, result.stderr
     for key in describe(BUILTIN):
         assert f"`{key}`" in result.stdout, key
+
+
+def test_readme_catalogue_is_the_generated_one():
+    """The README's key table is generated: `posttrain-metrics keys --markdown` between markers."""
+    result = run(sys.executable, "-m", "posttrain_metrics.cli", "keys", "--markdown")
+    readme = (ROOT / "README.md").read_text()
+    start, end = "<!-- keys:start -->\n", "<!-- keys:end -->"
+    block = readme[readme.index(start) + len(start): readme.index(end)]
+    assert block == result.stdout, "regenerate with: python scripts/sync_readme.py"

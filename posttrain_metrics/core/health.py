@@ -393,9 +393,10 @@ def _informative_groups(run: _Run) -> Iterator[_Hit]:
     skips = run.series(ZERO_GRAD)
     zero_grad = ""
     if skips:
-        rise = skips[-1][1] - (skips[0][1] if len(skips) > 1 else 0.0)
+        # A cumulative counter: its last value is what the run skipped (a resumed run's counter
+        # includes the earlier part, which is still this run's history).
         zero_grad = (
-            f" optim/zero_grad_skips_total rose by {_fmt(max(rise, 0.0))} over the run: those are the "
+            f" optim/zero_grad_skips_total reached {_fmt(max(skips[-1][1], 0.0))}: those are the "
             "trainer refusing zero gradients, expected in GRPO, not an optimizer fault."
         )
     yield _Hit(

@@ -67,8 +67,9 @@ class RunSummary:
                 acc[0] += n
                 acc[1] += n * mean
                 acc[2] += n * (v * v + mean * mean)
-            else:  # MEAN over frames; LAST keeps the last value
-                acc[0] += v
+            else:  # MEAN over frames (a compensated sum: a constant averages to itself); LAST keeps the last
+                acc.extend([0.0] * (3 - len(acc)))
+                _add(acc, v)
                 acc[1] += 1.0
 
     def values(self) -> dict[str, Scalar]:
@@ -89,7 +90,7 @@ class RunSummary:
             elif r is Reduction.LAST:
                 out[key] = last
             else:
-                out[key] = acc[0] / acc[1]
+                out[key] = (acc[0] + acc[2]) / acc[1]
         for key, value in self._last.items():
             out.setdefault(key, value)  # keys only ever non-finite: their last value
         for key, counts in self._labels.items():
@@ -97,6 +98,16 @@ class RunSummary:
             for label in info.metric.labels or tuple(counts):
                 out[label_key(key, label)] = counts.get(label, 0)
         return out
+
+
+def _add(acc: list[float], value: float) -> None:
+    """Neumaier's compensated ``acc[0] += value``, the running error kept in ``acc[2]``."""
+    total = acc[0] + value
+    if abs(acc[0]) >= abs(value):
+        acc[2] += (acc[0] - total) + value
+    else:
+        acc[2] += (value - total) + acc[0]
+    acc[0] = total
 
 
 def _number(value: object, default: float = 0.0) -> float:

@@ -19,7 +19,7 @@ TRAINER = MetricAdapter(
     "trainer",
     phases=("train",),
     metrics=[
-        Metric("grad_norm", R.LAST, "Total gradient norm before clipping, of the applied update", headline=True),
+        Metric("grad_norm", R.LAST, "Total gradient norm before clipping, of the window's last update", headline=True),
         Metric("learning_rate", R.MEAN, "Learning rate the applied update used"),
         Metric("e2e_step_s", R.MEAN, "Wall time for one collected batch, end to end", namespace="timer", unit="s"),
         Metric("update_outcome", R.CATEGORICAL, "What the optimizer did with this window", namespace="optim", labels=OUTCOMES, headline=True),
