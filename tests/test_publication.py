@@ -237,3 +237,17 @@ def test_close_waits_for_background_sinks_to_drain(tmp_path):
     sink = Sluggish()
     publish(grpo_run(steps=10), [sink])
     assert [f.step for f in sink.frames] == list(range(1, 11)) and sink.closed is False
+
+
+def test_a_sink_whose_start_fails_is_skipped_and_the_journal_keeps_everything(tmp_path):
+    class Unreachable(MemorySink):
+        name = "unreachable"
+
+        def start(self, run):
+            raise ConnectionError("tracker unreachable at start")
+
+    sink = Unreachable()
+    with pytest.warns(UserWarning, match="failed in start"):
+        pub = publish(grpo_run(steps=4), [sink, JournalSink(tmp_path / "j.jsonl")])
+    assert pub.unstarted == {"unreachable"} and pub.failures == {"unreachable": 1}  # one failure, not one per step
+    assert sink.frames == [] and len(read_journal(tmp_path / "j.jsonl").frames) == 4

@@ -77,6 +77,7 @@ class Publisher:
         self.queue_size = queue_size
         self.close_timeout = close_timeout
         self.workers: dict[str, SinkWorker] = {}
+        self.unstarted: set[str] = set()  # sinks whose start() failed: skipped, the journal has all
         self.adapters = resolve_adapters(adapters)
         self.keys = describe(self.adapters)
         self.run_id = run_id or uuid.uuid4().hex[:16]
@@ -103,7 +104,9 @@ class Publisher:
         self.run = run
         if self.publishes_here():
             for sink in self.sinks:
-                self._call(sink, "start", run)
+                if not self._call(sink, "start", run):
+                    self.unstarted.add(sink.name)  # warned once; its frames stay in the journal
+                    continue
                 if self.background and sink.name != "journal":
                     self.workers[sink.name] = SinkWorker(sink, self._call, maxsize=self.queue_size)
             atexit.register(self.close)
@@ -116,6 +119,8 @@ class Publisher:
             self.start()
         shown = display_frame(frame, self.keys)
         for sink in self.sinks:
+            if sink.name in self.unstarted:
+                continue
             if sink.name == "journal":
                 self._call(sink, "write", frame)
                 continue
@@ -139,6 +144,8 @@ class Publisher:
         if self.run is not None and self.publishes_here():
             for sink in self.sinks:
                 worker = self.workers.get(sink.name)
+                if sink.name in self.unstarted:
+                    continue
                 if worker is None:
                     self._call(sink, "close", failed=failed)
                 elif not worker.close(failed=failed, timeout=self.close_timeout):
@@ -181,9 +188,10 @@ class Publisher:
             metrics[f"health/nonfinite/{key}"] = self._nonfinite[counter]
         return Frame(frame.step, metrics, frame.phase, frame.wall_time)
 
-    def _call(self, sink: Sink, method: str, *args: Any, **kwargs: Any) -> None:
+    def _call(self, sink: Sink, method: str, *args: Any, **kwargs: Any) -> bool:
         try:
             getattr(sink, method)(*args, **kwargs)
+            return True
         except ImportError:
             raise  # a requested backend that is not installed is an error, never a silent degrade
         except Exception as exc:  # a tracker's failure never stops training
@@ -196,3 +204,4 @@ class Publisher:
                     "`posttrain-metrics export`.",
                     stacklevel=3,
                 )
+            return False

@@ -21,7 +21,7 @@ __all__ = ["SinkWorker"]
 class SinkWorker:
     """Runs ``call(sink, "write", frame)`` for queued frames, in order, on a daemon thread."""
 
-    def __init__(self, sink: Sink, call: Callable[..., None], *, maxsize: int = 1024) -> None:
+    def __init__(self, sink: Sink, call: Callable[..., object], *, maxsize: int = 1024) -> None:
         if maxsize < 1:
             raise ValueError(f"queue size must be >= 1, got {maxsize}")
         self.sink = sink

@@ -1,0 +1,580 @@
+"""The MLflow sink: one MLflow run per training run, written off the training thread.
+
+What MLflow shows
+-----------------
+- **Metrics**: every numeric key of every frame under its public name (``train/loss_avg``,
+  ``val/loss_avg``, ``optim/optimizer_step``), at the frame's step, with the frame's wall time as
+  the timestamp. Bools and ints are logged as numbers (``optim/step_skipped`` is 0/1). A key absent
+  from a frame is absent from that step's history: nothing is zero-filled (PPO's critic-warmup
+  steps have no policy points).
+- **Categorical keys** (``optim/update_outcome``, ``optim/skip_reason``): a run tag with the last
+  label (``optim/update_outcome = skipped``), plus one 0/1 metric per label
+  (``optim/update_outcome/skipped``) so outcomes chart. A string is never passed as a metric value.
+- **Params**: the run's flattened config (``rl/kl_beta``), already redacted (passwords, tokens, API
+  keys and the password of a ``user:password@`` URI read ``***REDACTED***``). Values longer than
+  MLflow's ``MAX_PARAM_VAL_LENGTH`` (6000 characters) are truncated with a warning (the journal
+  keeps the full value); params go in batches of ``MAX_PARAMS_TAGS_PER_BATCH``.
+- **Tags**: ``posttrain_metrics.run_id`` (the publisher's run id, used to resume),
+  ``posttrain_metrics.adapters``, and the ``tags`` you pass. The run name is ``run_name`` or the
+  publisher's.
+- **Status**: ``FINISHED``, or ``FAILED`` when the run ends with ``close(failed=True)`` (the
+  publisher passes that when training raised).
+
+Non-finite values
+-----------------
+MLflow's SQL stores (the embedded ``sqlite:///`` store and a tracking server on any SQL backend)
+keep NaN faithfully (an ``is_nan`` column; ``get_metric_history`` returns ``nan``), but store +inf
+and -inf as ±1.7976931348623157e308, which reads back as a finite number. Both were checked against
+MLflow 3.17.2, server and embedded. So this sink declares ``stores_nonfinite = {"nan"}``: NaN is
+logged as NaN; an infinite value is not logged, and ``health/nonfinite/<key>`` counts how many
+were skipped (one warning per key). The journal keeps the exact values.
+
+Names
+-----
+MLflow accepts names of alphanumerics, ``_ - . /``, spaces (and ``:`` except on Windows), at most
+``MAX_ENTITY_KEY_LENGTH`` (250) characters, that do not change under path normalisation (no ``//``,
+no leading or trailing ``/``, no ``.`` or ``..`` segment). A metric, param or tag name it would
+reject is mapped to a valid one, never dropped: other characters become ``_``, empty and dot
+segments are removed or replaced, an over-long name is cut and given a short hash
+(``train/kl@0.5`` -> ``train/kl_0.5``). Each mapping is warned about once.
+
+Reliability and retries
+-----------------------
+``write`` turns a frame into one batch and hands it to MLflow's own asynchronous batch logging
+(``MlflowClient.log_batch(..., synchronous=False)``); the training thread never waits on the
+network (a frame of 40 keys costs it about 0.5 ms; with the embedded store the SQLite writes
+themselves run on MLflow's threads in this process). At most ``max_pending`` requests are in flight;
+frames that wait behind them are merged into one request up to MLflow's batch limits
+(``MAX_METRICS_PER_BATCH``), so a slow server is caught up with quickly. When a request fails
+(server down, timeout) the sink warns once and is *degraded*: it holds frames in memory (at most
+``backlog`` frames; beyond that the oldest is dropped and counted in ``dropped``), sends one frame
+per step as a probe, and when a probe lands resends everything held. Resending is exact: MLflow
+identifies a point by (key, step, timestamp, value) and ignores a duplicate, and the timestamp is
+the frame's wall time, so a request that reached the server before its reply was lost, or a replay
+of the journal by ``posttrain-metrics export``, stores nothing twice. A request MLflow rejects as
+invalid (HTTP 400/404) is not retried; it is warned about and counted in ``rejected``.
+
+``close`` drains: it waits up to ``drain_timeout`` seconds for every request to be confirmed (or
+less, when the server is down and a probe sent during ``close`` fails too), warns about frames that
+were not confirmed (the journal has them; ``posttrain-metrics export`` replays them), re-sets the
+label tags to the last labels (requests may land out of order) and sets the status. When the server
+is unreachable at the end, the run keeps status ``RUNNING`` and a warning says so.
+
+MLflow's HTTP client retries a failed request for about 4 minutes by default. For an ``http(s)``
+tracking URI this sink sets, for the process (MLflow reads them from the environment at every
+request; there is no per-client setting):
+
+=====================================  =======  ==============================
+environment variable                   default  constructor argument
+=====================================  =======  ==============================
+``MLFLOW_HTTP_REQUEST_MAX_RETRIES``    2        ``http_max_retries``
+``MLFLOW_HTTP_REQUEST_TIMEOUT``        20 s     ``http_timeout``
+``MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR`` 1        ``http_backoff_factor``
+=====================================  =======  ==============================
+
+A variable you already set in the environment is left alone; an explicit constructor argument
+overrides it. With the defaults a refused connection costs a batch about 3 s and an unresponsive
+server about a minute, on MLflow's worker threads, never on the training step (MLflow's own
+defaults: 7 retries, 120 s timeout, factor 2, about 4 minutes for a refused connection). ``start``
+(which finds or creates the run) and ``close`` are synchronous and bounded by the same settings.
+
+Where the run goes: ``tracking_uri`` if given, else ``MLFLOW_TRACKING_URI`` from the environment,
+else an embedded SQLite store ``sqlite:///<dir>/mlflow.db`` (no server; artifacts under
+``<dir>/mlartifacts``; browse it with ``mlflow ui --backend-store-uri sqlite:///<dir>/mlflow.db``).
+The experiment is ``experiment``, else ``MLFLOW_EXPERIMENT_NAME``, else ``posttrain-metrics``.
+``run_id`` targets an existing MLflow run; otherwise a run tagged with the publisher's run id is
+resumed when one exists in the experiment (a restarted job continues its run), and a new run is
+created when none does.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import hashlib
+import os
+import re
+import time
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ..core.errors import MetricsError
+from ..core.frame import Frame
+from .base import RunInfo
+
+__all__ = ["MlflowSink"]
+
+INSTALL = "pip install 'posttrain-metrics[mlflow]'"
+DEFAULT_EXPERIMENT = "posttrain-metrics"
+RUN_ID_TAG = "posttrain_metrics.run_id"
+ADAPTERS_TAG = "posttrain_metrics.adapters"
+
+# MLflow's HTTP settings as (environment variable, our default): see the module docstring.
+HTTP_MAX_RETRIES = ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", 2)
+HTTP_TIMEOUT = ("MLFLOW_HTTP_REQUEST_TIMEOUT", 20)
+HTTP_BACKOFF_FACTOR = ("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", 1)
+
+# Characters kept when a name is mapped (a subset of what MLflow accepts on every OS).
+_MAP_BAD = re.compile(r"[^/\w.\- ]")
+_SAFE_ID = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+def _import_mlflow() -> Any:
+    try:
+        import mlflow
+    except ImportError as exc:
+        raise ModuleNotFoundError(
+            f"the MLflow sink needs the mlflow package, which is not importable ({exc}); fix:\n"
+            f"{INSTALL}"
+        ) from exc
+    return mlflow
+
+
+@dataclasses.dataclass
+class _Batch:
+    """What goes to MLflow in one request: the points and changed label tags of one or more frames,
+    or a slice of params.
+
+    Plain tuples, not MLflow entities, so that held batches stay small; a point's timestamp is
+    fixed when it is built, so that a resent point is recognised by MLflow as the same point.
+    """
+
+    steps: list[int]  # the frames' steps, for messages; empty for a params batch
+    metrics: list[tuple[str, float, int, int]]  # key, value, timestamp (ms), step
+    tags: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    params: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+
+    def size(self) -> int:
+        return len(self.metrics) + len(self.tags) + len(self.params)
+
+
+class _Names:
+    """Maps names MLflow would reject to valid ones: computed once per name, warned once."""
+
+    def __init__(self, kind: str, valid: Any, limit: int, reserved: Mapping[str, object]) -> None:
+        self.kind = kind
+        self.valid = valid
+        self.limit = limit
+        self.reserved = reserved  # names that must not be produced by a mapping (declared keys)
+        self.names: dict[str, str] = {}
+        self.mapped: dict[str, str] = {}  # mapped name -> original
+
+    def __call__(self, name: str) -> str:
+        out = self.names.get(name)
+        if out is not None:
+            return out
+        if self.valid(name) and len(name) <= self.limit:
+            out = name
+        else:
+            out = self._map(name)
+            warnings.warn(
+                f"mlflow: {self.kind} name {name!r} is not a valid MLflow name (MLflow takes "
+                f"alphanumerics, '_', '-', '.', '/', spaces, no empty or dot path segments, at most "
+                f"{self.limit} characters); logged as {out!r}",
+                stacklevel=4,
+            )
+            self.mapped[out] = name
+        self.names[name] = out
+        return out
+
+    def _map(self, name: str) -> str:
+        digest = hashlib.sha1(name.encode("utf-8")).hexdigest()[:8]
+        # Empty segments (a leading, trailing or doubled "/") go; "." and ".." segments become "_".
+        parts = [p if p.strip(" ") not in (".", "..") else "_"
+                 for p in _MAP_BAD.sub("_", name).split("/") if p.strip(" ")]
+        out = "/".join(parts) or "_"
+        if len(out) > self.limit or out in self.reserved or out in self.mapped or out in self.names:
+            out = f"{out[: self.limit - 9].rstrip('/')}-{digest}"  # too long, or taken: made unique
+        if not self.valid(out):
+            out = f"key-{digest}"
+        return out
+
+
+class MlflowSink:
+    """Publishes frames to an MLflow run through :class:`mlflow.MlflowClient` (no global state, so
+    several sinks can coexist), with MLflow's asynchronous batch logging. See the module docstring
+    for what MLflow shows and the failure policy.
+
+    >>> sink = MlflowSink(dir="runs/demo", experiment="grpo-sweep")  # no I/O, no mlflow import yet
+    >>> sink.name, sorted(sink.stores_nonfinite)
+    ('mlflow', ['nan'])
+    """
+
+    name = "mlflow"
+    stores_nonfinite = frozenset({"nan"})
+
+    def __init__(
+        self,
+        *,
+        tracking_uri: str | None = None,
+        dir: str | os.PathLike[str] = "runs",  # the directory of the embedded store
+        experiment: str | None = None,
+        run_name: str | None = None,
+        tags: Mapping[str, str] | None = None,
+        run_id: str | None = None,
+        http_max_retries: int | None = None,
+        http_timeout: int | None = None,
+        http_backoff_factor: int | None = None,
+        max_pending: int = 4,
+        backlog: int = 1000,
+        drain_timeout: float = 60.0,
+    ) -> None:
+        for arg, value, low in (("http_max_retries", http_max_retries, 0), ("http_timeout", http_timeout, 1),
+                                ("http_backoff_factor", http_backoff_factor, 0), ("max_pending", max_pending, 1),
+                                ("backlog", backlog, 1)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+                raise MetricsError(
+                    f"MlflowSink({arg}={value!r}): must be an int >= {low} (got {type(value).__name__}); "
+                    f"fix: pass a whole number{' of seconds' if arg == 'http_timeout' else ''}"
+                )
+        if not (isinstance(drain_timeout, (int, float)) and drain_timeout >= 0):
+            raise MetricsError(f"MlflowSink(drain_timeout={drain_timeout!r}): must be a number of seconds >= 0")
+        self._uri_arg = tracking_uri
+        self.tracking_uri = tracking_uri  # the URI in use once started
+        self.dir = Path(dir)
+        self.experiment = experiment
+        self.run_name = run_name
+        self.tags = dict(tags or {})
+        self.run_id = run_id
+        self.http_max_retries = http_max_retries
+        self.http_timeout = http_timeout
+        self.http_backoff_factor = http_backoff_factor
+        self.max_pending = max_pending
+        self.backlog = backlog
+        self.drain_timeout = float(drain_timeout)
+        self.experiment_id: str | None = None
+        # Counters a caller (or the doctor) can read: batches rejected by MLflow as invalid,
+        # frames dropped from a full backlog, frames that were not confirmed at close.
+        self.rejected = 0
+        self.dropped = 0
+        self.unconfirmed = 0
+        self._client: Any = None
+        self._entities: Any = None
+        self._pending: collections.deque[tuple[Any, _Batch, int]] = collections.deque()  # ops, batch, seq
+        self._sent = 0  # sequence number of the next request
+        self._probe_from = 0  # when degraded, only a request sent from this one on proves recovery
+        self._held: collections.deque[_Batch] = collections.deque()
+        self._degraded = False
+        self._failed_probes = 0
+        self._labels: dict[str, str] = {}
+        self._closed = False
+        self._param_limit = self._tag_limit = 0
+        self._max_metrics = self._max_tags = self._max_entities = 0
+        self._metric_names: _Names | None = None
+        self._tag_names: _Names | None = None
+
+    @property
+    def degraded(self) -> bool:
+        """Whether the last batch failed: frames are held and a probe is sent per step."""
+        return self._degraded
+
+    # ------------------------------------------------------------------ start
+    def start(self, run: RunInfo) -> None:
+        if self._client is not None:
+            raise MetricsError("MlflowSink.start() was called twice; fix: use one sink per run")
+        mlflow = _import_mlflow()
+        from mlflow.entities import Metric, Param, RunTag
+        from mlflow.exceptions import MlflowException
+        from mlflow.utils import validation as checks
+        from mlflow.utils.async_logging import run_operations
+
+        probe: Any = run_operations.RunOperations  # untyped
+        if not hasattr(probe(None), "_operation_futures"):  # polled without blocking: see _futures
+            raise MetricsError(
+                f"mlflow {mlflow.__version__}: RunOperations has no futures to poll; fix: "
+                "pip install 'mlflow>=3.5,<3.18' (the versions this sink is tested with)"
+            )
+
+        validation: Any = checks  # MLflow's own name rules and limits, untyped
+
+        def valid(name: str) -> bool:
+            return bool(name) and bool(validation.validate_param_and_metric_name(name)) and not (
+                validation.path_not_unique(name)
+            )
+
+        limit = validation.MAX_ENTITY_KEY_LENGTH
+        self._entities = (Metric, Param, RunTag)
+        self._max_metrics = validation.MAX_METRICS_PER_BATCH
+        self._max_tags = validation.MAX_PARAMS_TAGS_PER_BATCH
+        self._max_entities = validation.MAX_ENTITIES_PER_BATCH
+        self._param_limit = validation.MAX_PARAM_VAL_LENGTH
+        self._tag_limit = validation.MAX_TAG_VAL_LENGTH
+        self._metric_names = _Names("metric", valid, limit, run.keys)
+        self._tag_names = _Names("tag", valid, limit, run.keys)
+        param_names = _Names("param", valid, limit, {})
+
+        self.tracking_uri, embedded = self._resolve_uri()
+        if self.tracking_uri.startswith(("http://", "https://")):
+            self._configure_http()
+        client = mlflow.MlflowClient(tracking_uri=self.tracking_uri)
+
+        # Which run: the one named by run_id, else the one tagged with the publisher's run id (a
+        # restarted job resumes its run), else a new one.
+        existing = None
+        if self.run_id is not None:
+            existing = client.get_run(self.run_id)
+            self.experiment_id = str(existing.info.experiment_id)
+        else:
+            self.experiment_id = self._experiment(client, MlflowException, embedded)
+            if _SAFE_ID.match(run.run_id):
+                found = client.search_runs(
+                    [self.experiment_id], filter_string=f"tags.`{RUN_ID_TAG}` = '{run.run_id}'", max_results=1
+                )
+                existing = found[0] if found else None
+
+        tags = {RUN_ID_TAG: run.run_id, ADAPTERS_TAG: ",".join(run.adapters)}
+        for key, value in self.tags.items():
+            tags[self._tag_names(str(key))] = self._truncate(str(value), self._tag_limit, "tag", str(key))
+        logged: Mapping[str, str] = {}
+        if existing is None:
+            created = client.create_run(
+                self.experiment_id, tags=tags, run_name=self.run_name or run.name,
+                start_time=int(run.started * 1000) if run.started > 0 else None,
+            )
+            self.run_id = created.info.run_id
+            tags = {}
+        else:
+            self.run_id = existing.info.run_id
+            client.update_run(self.run_id, status="RUNNING")
+            logged = existing.data.params
+        self._client = client
+
+        params: list[tuple[str, str]] = []
+        for key, setting in run.config.items():
+            pname = param_names(key)
+            text = self._truncate(str(setting), self._param_limit, "param", key)
+            if pname in logged:  # params cannot change in MLflow: a resumed run keeps the first value
+                if logged[pname] != text:
+                    warnings.warn(
+                        f"mlflow: run {self.run_id} already has param {pname}={logged[pname]!r}; MLflow "
+                        f"params cannot change, so the resumed value {text!r} is not logged",
+                        stacklevel=2,
+                    )
+                continue
+            params.append((pname, text))
+        size = validation.MAX_PARAMS_TAGS_PER_BATCH
+        tag_items = list(tags.items())
+        for i in range(0, max(len(params), len(tag_items)), size):
+            self._queue(_Batch([], [], tag_items[i : i + size], params[i : i + size]))
+
+    def _resolve_uri(self) -> tuple[str, bool]:
+        """The tracking URI, and whether it is the embedded default."""
+        if self._uri_arg:
+            return self._uri_arg, False
+        env = os.environ.get("MLFLOW_TRACKING_URI")
+        if env:
+            return env, False
+        self.dir.mkdir(parents=True, exist_ok=True)
+        return "sqlite:///" + (self.dir.resolve() / "mlflow.db").as_posix(), True
+
+    def _configure_http(self) -> None:
+        settings = ((HTTP_MAX_RETRIES, self.http_max_retries), (HTTP_TIMEOUT, self.http_timeout),
+                    (HTTP_BACKOFF_FACTOR, self.http_backoff_factor))
+        for (var, default), explicit in settings:
+            if explicit is not None:
+                os.environ[var] = str(explicit)  # an explicit argument wins over the environment
+            else:
+                os.environ.setdefault(var, str(default))  # never clobber the user's own setting
+
+    def _experiment(self, client: Any, error: type[Exception], embedded: bool) -> str:
+        name = self.experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_EXPERIMENT
+        found = client.get_experiment_by_name(name)
+        if found is not None:
+            return str(found.experiment_id)
+        # The embedded store keeps its artifacts next to its database, not in ./mlruns of the cwd.
+        location = (self.dir.resolve() / "mlartifacts").as_uri() if embedded else None
+        try:
+            # Tagged as model development: MLflow 3's UI otherwise opens a new experiment as a GenAI
+            # one (traces and evaluations) and hides the metric charts this run is made of.
+            return str(client.create_experiment(name, artifact_location=location,
+                                                tags={"mlflow.experimentKind": "custom_model_development"}))
+        except error:  # created meanwhile by another process
+            found = client.get_experiment_by_name(name)
+            if found is None:
+                raise
+            return str(found.experiment_id)
+
+    # ------------------------------------------------------------------ write
+    def write(self, frame: Frame) -> None:
+        if self._client is None or self._metric_names is None or self._tag_names is None:
+            raise MetricsError("MlflowSink.write() before start(); fix: call start() (the publisher does)")
+        if self._closed:
+            raise MetricsError("MlflowSink.write() after close(); fix: start a new sink for a new run")
+        stamp = int(frame.wall_time * 1000) if frame.wall_time > 0 else int(time.time() * 1000)
+        names = self._metric_names
+        metrics: list[tuple[str, float, int, int]] = []
+        tags: list[tuple[str, str]] = []
+        for key, value in frame.metrics.items():
+            if isinstance(value, str):  # a label: a tag, never a metric value
+                tag = self._tag_names(key)
+                if self._labels.get(tag) != value:
+                    self._labels[tag] = value
+                    tags.append((tag, value))
+                continue
+            metrics.append((names(key), float(value), stamp, frame.step))
+        self._reap()
+        if metrics or tags:
+            self._queue(_Batch([frame.step], metrics, tags))
+
+    # ------------------------------------------------------------------ close
+    def close(self, *, failed: bool = False) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._client is None:
+            return
+        deadline = time.monotonic() + self.drain_timeout
+        probes = self._failed_probes
+        while self._pending or self._held:
+            self._reap()
+            if self._degraded and self._failed_probes > probes:
+                break  # a probe sent now failed too: do not hold the process up for nothing
+            self._pump()
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._pending:
+                break
+            futures = _futures(self._pending[0][0])
+            concurrent.futures.wait(futures, timeout=min(left, 1.0))
+        waiting = [b for _, b, _ in self._pending] + list(self._held)
+        steps = sorted(step for b in waiting for step in b.steps)
+        self.unconfirmed = len(steps)
+        if waiting:
+            params = sum(len(b.params) for b in waiting)
+            warnings.warn(
+                f"mlflow: {len(steps)} frame(s) (steps {_span(steps)}) and {params} param(s) were not "
+                f"confirmed by {self.tracking_uri} when close() stopped waiting (drain_timeout="
+                f"{self.drain_timeout:g}s, or the server is down); the journal holds them: "
+                "`posttrain-metrics export` replays them",
+                stacklevel=2,
+            )
+        if self._degraded:
+            warnings.warn(
+                f"mlflow: {self.tracking_uri} is unreachable; run {self.run_id} keeps status RUNNING "
+                "(could not set it to " + ("FAILED" if failed else "FINISHED") + ")",
+                stacklevel=2,
+            )
+            return
+        _, _, run_tag = self._entities
+        if self._labels:  # batches may land out of order: make the tags hold the last labels
+            self._client.log_batch(self.run_id, tags=[run_tag(k, v) for k, v in self._labels.items()])
+        self._client.set_terminated(self.run_id, status="FAILED" if failed else "FINISHED")
+
+    # ------------------------------------------------------------------ the queue
+    def _queue(self, batch: _Batch) -> None:
+        held = sum(len(b.steps) for b in self._held)
+        if batch.steps and held >= self.backlog:
+            for i, old in enumerate(self._held):
+                if old.steps:  # drop the oldest frame; params are never dropped
+                    del self._held[i]
+                    if self.dropped == 0:
+                        warnings.warn(
+                            f"mlflow: more than backlog={self.backlog} frames are waiting for "
+                            f"{self.tracking_uri}; dropping the oldest (counted in MlflowSink.dropped; "
+                            "the journal keeps them for `posttrain-metrics export`)",
+                            stacklevel=3,
+                        )
+                    self.dropped += len(old.steps)
+                    break
+        self._held.append(batch)
+        self._pump()
+
+    def _pump(self) -> None:
+        """Send held batches: up to ``max_pending`` in flight when healthy, one (a probe) when
+        degraded. Held frames are merged into one request up to MLflow's batch limits: one request
+        of 1000 points costs about as much as four of 40, so a backlog drains fast."""
+        limit = 1 if self._degraded else self.max_pending
+        while self._held and len(self._pending) < limit:
+            batch = self._held.popleft()
+            while self._held and not self._degraded and self._fits(batch, self._held[0]):
+                nxt = self._held.popleft()
+                tags = dict(batch.tags)
+                tags.update(nxt.tags)  # a tag holds the last label: the later frame's wins
+                batch = _Batch(batch.steps + nxt.steps, batch.metrics + nxt.metrics,
+                               list(tags.items()), batch.params + nxt.params)
+            self._pending.append((self._send(batch), batch, self._sent))
+            self._sent += 1
+
+    def _fits(self, a: _Batch, b: _Batch) -> bool:
+        return (
+            len(a.metrics) + len(b.metrics) <= self._max_metrics
+            and len(a.tags) + len(b.tags) <= self._max_tags
+            and len(a.params) + len(b.params) <= self._max_tags
+            and a.size() + b.size() <= self._max_entities
+        )
+
+    def _send(self, batch: _Batch) -> Any:
+        metric, param, run_tag = self._entities
+        return self._client.log_batch(
+            self.run_id,
+            metrics=[metric(k, v, t, step) for k, v, t, step in batch.metrics],
+            params=[param(k, v) for k, v in batch.params],
+            tags=[run_tag(k, v) for k, v in batch.tags],
+            synchronous=False,
+        )
+
+    def _reap(self) -> None:
+        """Collect finished batches (non-blocking); requeue what failed for a transient reason."""
+        recovered = False
+        while self._pending and all(f.done() for f in _futures(self._pending[0][0])):
+            operations, batch, seq = self._pending.popleft()
+            errors = [e for e in (f.exception() for f in _futures(operations)) if e is not None]
+            if not errors:
+                # A request sent before the failure that landed proves nothing about the server now.
+                if self._degraded and seq >= self._probe_from:
+                    self._degraded = False
+                    recovered = True
+                continue
+            exc = errors[0]
+            status = getattr(exc, "get_http_status_code", lambda: 500)()
+            if 400 <= status < 500 and status not in (401, 403, 408, 429):  # invalid: resending won't help
+                self.rejected += 1
+                what = f"steps {_span(batch.steps)}" if batch.steps else "params"
+                warnings.warn(
+                    f"mlflow: {self.tracking_uri} rejected the batch of {what} ({exc}); it is not "
+                    "retried (counted in MlflowSink.rejected; the journal keeps the frames)",
+                    stacklevel=3,
+                )
+                continue
+            if self._degraded and seq >= self._probe_from:
+                self._failed_probes += 1
+            if not self._degraded:
+                self._probe_from = self._sent
+                warnings.warn(
+                    f"mlflow: sending to {self.tracking_uri} failed ({type(exc).__name__}: {exc}); the "
+                    f"sink is degraded: frames are held (up to backlog={self.backlog}) and resent when "
+                    "the server answers again; training continues",
+                    stacklevel=3,
+                )
+            self._degraded = True
+            self._held.appendleft(batch)
+        if recovered:
+            warnings.warn(
+                f"mlflow: {self.tracking_uri} answers again; resending "
+                f"{sum(len(b.steps) for b in self._held)} held frame(s)",
+                stacklevel=3,
+            )
+
+    @staticmethod
+    def _truncate(text: str, limit: int, kind: str, key: str) -> str:
+        if len(text) <= limit:
+            return text
+        warnings.warn(
+            f"mlflow: {kind} {key!r} is {len(text)} characters, over MLflow's limit of {limit}; "
+            "truncated (the journal header keeps the full value)",
+            stacklevel=3,
+        )
+        return text[:limit]
+
+
+def _futures(operations: Any) -> list[concurrent.futures.Future[Any]]:
+    # RunOperations exposes only wait(), which blocks; its futures let the training thread poll.
+    return list(getattr(operations, "_operation_futures", None) or [])
+
+
+def _span(steps: list[int]) -> str:
+    if not steps:
+        return "none"
+    return str(steps[0]) if len(steps) == 1 else f"{steps[0]}..{steps[-1]}"

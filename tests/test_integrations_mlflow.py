@@ -1,0 +1,503 @@
+"""The MLflow sink, for real: published through the Publisher (journal + mlflow) to a real
+``mlflow server`` and to the embedded ``sqlite:///`` store, read back with ``MlflowClient``."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import socket
+import sys
+import threading
+import time
+import uuid
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+try:
+    from mlflow import MlflowClient
+    from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH, MAX_PARAMS_TAGS_PER_BATCH
+except ImportError as exc:  # fail, never skip: the MLflow sink is part of the product
+    raise ImportError(
+        f"tests/test_integrations_mlflow.py needs mlflow ({exc}); fix: pip install 'posttrain-metrics[mlflow]'"
+    ) from exc
+
+from _mlflow_server import SERVER_STORES, free_port
+from _runs import GRPO_ADAPTERS, dpo_run, grpo_run, nonfinite_frame, ppo_run
+
+from posttrain_metrics import Frame
+from posttrain_metrics.core.keys import describe
+from posttrain_metrics.core.redact import REDACTED
+from posttrain_metrics.core.reducer import resolve_adapters
+from posttrain_metrics.integrations import JournalSink, Publisher, RunInfo, read_journal
+from posttrain_metrics.integrations.mlflow import INSTALL, MlflowSink
+from posttrain_metrics.integrations.publisher import display_frame
+
+SECRET = "hunter2-secret"
+URI_SECRET = "hunter2-uri-pw"
+CONFIG: dict[str, Any] = {
+    "rl": {"kl_beta": 0.04, "group_size": 8, "use_kl": True, "name": "grpo"},
+    "optim": {"lr": 1e-3, "betas": [0.9, 0.95]},
+    "db": {"password": SECRET},
+    "tracker": {"uri": f"postgresql://alice:{URI_SECRET}@db.internal:5432/runs"},
+}
+ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_HTTP_REQUEST_MAX_RETRIES",
+       "MLFLOW_HTTP_REQUEST_TIMEOUT", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR")
+
+
+@pytest.fixture(autouse=True)
+def clean_env() -> Iterator[None]:
+    """The sink sets MLflow's HTTP variables for the process; each test starts and ends without them."""
+    saved = dict(os.environ)
+    for var in ENV:
+        os.environ.pop(var, None)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+class Backend:
+    def __init__(self, kind: str, store: Path, make: Callable[..., MlflowSink]) -> None:
+        self.kind = kind
+        self.store = store  # where the backend keeps its data (searched for planted secrets)
+        self.make = make
+
+
+@pytest.fixture(scope="module")
+def embedded_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One embedded store for the module: creating an MLflow SQLite database takes seconds."""
+    return tmp_path_factory.mktemp("mlflow-embedded")
+
+
+@pytest.fixture(params=["server", "sqlite"])
+def backend(request: pytest.FixtureRequest, embedded_dir: Path) -> Backend:
+    experiment = f"test-{uuid.uuid4().hex[:8]}"  # one experiment per test
+    if request.param == "server":
+        uri = request.getfixturevalue("mlflow_server")
+        return Backend("server", SERVER_STORES[uri],
+                       lambda **kw: MlflowSink(tracking_uri=uri, experiment=experiment, **kw))
+    # the embedded default, sqlite:///<dir>/mlflow.db
+    return Backend("sqlite", embedded_dir, lambda **kw: MlflowSink(dir=embedded_dir, experiment=experiment, **kw))
+
+
+def publish(
+    sink: MlflowSink,
+    frames: Sequence[Frame],
+    adapters: Any,
+    journal: Path,
+    *,
+    config: Mapping[str, Any] | None = None,
+    failed: bool = False,
+    run_id: str | None = None,
+) -> Publisher:
+    pub = Publisher([JournalSink(journal), sink], adapters=adapters, run_id=run_id)
+    pub.start(config or {})
+    for frame in frames:
+        pub.publish(frame)
+    pub.close(failed=failed)
+    assert pub.failures == {}, f"a sink failed: {pub.failures}"
+    assert sink.run_id is not None
+    return pub
+
+
+def history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, float]]:
+    return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+
+
+def expected_series(frames: Sequence[Frame], pub: Publisher) -> dict[str, list[tuple[int, float]]]:
+    """Per numeric key, the (step, value) points trackers should show: label indicators added,
+    bools as 0/1, absent keys absent."""
+    out: dict[str, list[tuple[int, float]]] = {}
+    for frame in frames:
+        for key, value in display_frame(frame, pub.keys).metrics.items():
+            if not isinstance(value, str):
+                out.setdefault(key, []).append((frame.step, float(value)))
+    return out
+
+
+def assert_history(client: MlflowClient, run_id: str, expected: Mapping[str, list[tuple[int, float]]]) -> None:
+    stored = set(client.get_run(run_id).data.metrics)
+    assert stored == set(expected), f"extra {stored - set(expected)}, missing {set(expected) - stored}"
+    for key, points in expected.items():
+        got = history(client, run_id, key)
+        assert [s for s, _ in got] == [s for s, _ in points], key
+        for (_, g), (_, e) in zip(got, points):
+            assert g == pytest.approx(e, rel=1e-12, abs=0.0) or (math.isnan(g) and math.isnan(e)), key
+
+
+# --------------------------------------------------------------------------------------- runs
+
+
+def test_grpo_every_key_every_step(backend: Backend, tmp_path: Path) -> None:
+    frames = grpo_run(steps=6)
+    sink = backend.make(run_name="grpo-readback")
+    pub = publish(sink, frames, GRPO_ADAPTERS, tmp_path / "journal.jsonl", config=CONFIG)
+    client = MlflowClient(sink.tracking_uri)
+    run = client.get_run(sink.run_id)
+
+    expected = expected_series(frames, pub)
+    assert len(expected) > 30
+    assert_history(client, run.info.run_id, expected)
+    # the outcome: a tag with the last label, and 0/1 series per label that chart
+    assert "optim/update_outcome" not in run.data.metrics  # never a string metric
+    assert run.data.tags["optim/update_outcome"] == "applied"
+    assert history(client, run.info.run_id, "optim/update_outcome/skipped") == [
+        (s, 1.0 if s == 3 else 0.0) for s in range(1, 7)
+    ]
+    assert history(client, run.info.run_id, "optim/step_skipped")[2] == (3, 1.0)  # a bool as a number
+    assert history(client, run.info.run_id, "train/response_len_max")[0][1] == frames[0].metrics[
+        "train/response_len_max"]  # an int as a number
+    # run identity, params, status
+    assert run.info.run_name == "grpo-readback"
+    assert run.data.tags["posttrain_metrics.run_id"] == pub.run_id
+    assert run.data.tags["posttrain_metrics.adapters"] == "grpo,reward,trainer"
+    params = run.data.params
+    assert params["rl/kl_beta"] == "0.04" and params["rl/use_kl"] == "True"
+    assert params["optim/betas/1"] == "0.95" and params["rl/name"] == "grpo"
+    assert run.info.status == "FINISHED"
+
+
+def test_secrets_are_nowhere(backend: Backend, tmp_path: Path) -> None:
+    sink = backend.make()
+    publish(sink, grpo_run(steps=2), GRPO_ADAPTERS, tmp_path / "journal.jsonl", config=CONFIG)
+    run = MlflowClient(sink.tracking_uri).get_run(sink.run_id)
+    assert run.data.params["db/password"] == REDACTED
+    assert run.data.params["tracker/uri"] == f"postgresql://alice:{REDACTED}@db.internal:5432/runs"
+    for secret in (SECRET, URI_SECRET):
+        for kind, entries in (("param", run.data.params), ("tag", run.data.tags)):
+            for key, value in entries.items():
+                assert secret not in key and secret not in value, f"{kind} {key} leaks a secret"
+        assert not any(secret in key for key in run.data.metrics)
+    # the stored bytes: the SQLite database (and its journal/WAL files) of the backend
+    files = [p for p in backend.store.rglob("*") if p.is_file()]
+    assert any(p.name == "mlflow.db" for p in files), files
+    for path in files:
+        data = path.read_bytes()
+        assert SECRET.encode() not in data and URI_SECRET.encode() not in data, f"{path} holds a secret"
+    assert SECRET not in (tmp_path / "journal.jsonl").read_text()
+
+
+def test_failed_run_is_failed(backend: Backend, tmp_path: Path) -> None:
+    sink = backend.make()
+    with pytest.raises(RuntimeError, match="boom"), \
+            Publisher([JournalSink(tmp_path / "j.jsonl"), sink], adapters=GRPO_ADAPTERS) as pub:
+        pub.publish(grpo_run(steps=1)[0])
+        raise RuntimeError("boom")
+    client = MlflowClient(sink.tracking_uri)
+    run = client.get_run(sink.run_id)
+    assert run.info.status == "FAILED"
+    assert history(client, run.info.run_id, "train/loss_avg")[0][0] == 1  # what was logged stays
+    sink.close()  # idempotent: a second close changes nothing
+    assert client.get_run(sink.run_id).info.status == "FAILED"
+
+
+def test_ppo_critic_warmup_has_no_policy_points(backend: Backend, tmp_path: Path) -> None:
+    frames = ppo_run(steps=4, warmup=2)
+    sink = backend.make()
+    pub = publish(sink, frames, "ppo", tmp_path / "journal.jsonl")
+    client = MlflowClient(sink.tracking_uri)
+    expected = expected_series(frames, pub)
+    assert_history(client, sink.run_id, expected)
+    for key in ("train/policy_loss", "train/clip_fraction", "optim/policy_optimizer_step"):
+        assert [s for s, _ in history(client, sink.run_id, key)] == [3, 4], key  # absent, not 0
+    assert [s for s, _ in history(client, sink.run_id, "train/critic_loss")] == [1, 2, 3, 4]
+
+
+def test_dpo_train_and_val(backend: Backend, tmp_path: Path) -> None:
+    frames = dpo_run(steps=3)
+    sink = backend.make()
+    pub = publish(sink, frames, "dpo", tmp_path / "journal.jsonl")
+    client = MlflowClient(sink.tracking_uri)
+    assert_history(client, sink.run_id, expected_series(frames, pub))
+    for key in ("train/loss_avg", "val/loss_avg", "train/dpo_accuracy", "val/dpo_accuracy"):
+        assert [s for s, _ in history(client, sink.run_id, key)] == [1, 2, 3], key
+
+
+def test_nonfinite_nan_kept_inf_skipped_and_counted(backend: Backend, tmp_path: Path) -> None:
+    frames = [grpo_run(steps=1)[0], nonfinite_frame(step=2), nonfinite_frame(step=3)]
+    sink = backend.make()
+    assert sink.stores_nonfinite == frozenset({"nan"})
+    with pytest.warns(UserWarning, match="cannot be stored faithfully") as caught:
+        publish(sink, frames, GRPO_ADAPTERS, tmp_path / "journal.jsonl")
+    warned = [str(w.message) for w in caught if "cannot be stored faithfully" in str(w.message)]
+    assert len(warned) == 2  # once per key, not once per step
+    client = MlflowClient(sink.tracking_uri)
+    loss = history(client, sink.run_id, "train/loss_avg")
+    assert [s for s, _ in loss] == [1, 2, 3] and math.isnan(loss[1][1]) and math.isnan(loss[2][1])
+    for key in ("train/kl_max", "train/kl_mean"):  # ±inf would read back as ±1.797e308: skipped
+        assert [s for s, _ in history(client, sink.run_id, key)] == [1], key
+        assert history(client, sink.run_id, f"health/nonfinite/{key}") == [(2, 1.0), (3, 2.0)]
+    assert "health/nonfinite/train/loss_avg" not in client.get_run(sink.run_id).data.metrics
+    journal = read_journal(tmp_path / "journal.jsonl")  # the journal keeps the exact values
+    last = journal.frames[-1].metrics
+    assert math.isnan(last["train/loss_avg"]) and last["train/kl_max"] == math.inf
+    assert last["train/kl_mean"] == -math.inf
+
+
+# ------------------------------------------------------------------------------ names, params
+
+
+def run_info(config: Mapping[str, Any] | None = None, run_id: str | None = None) -> RunInfo:
+    from posttrain_metrics.core.redact import flatten_config
+
+    adapters = resolve_adapters(GRPO_ADAPTERS)
+    return RunInfo(run_id or uuid.uuid4().hex[:16], "names", flatten_config(config or {}), describe(adapters),
+                   tuple(a.name for a in adapters), time.time())
+
+
+def test_rejected_names_are_mapped_and_warned_once(backend: Backend) -> None:
+    long_key = "train/" + "x" * 300
+    weird = {"train/kl@0.5": 1.0, "train//double": 2.0, "/lead/": 3.0, long_key: 4.0, "ok/a b-c.d_e:f": 5.0}
+    config: dict[str, Any] = {f"p{i:03d}": i for i in range(2 * MAX_PARAMS_TAGS_PER_BATCH + 17)}
+    config.update({"opt/β1?": 0.9, "long": "y" * (MAX_PARAM_VAL_LENGTH + 50)})
+    sink = backend.make()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sink.start(run_info(config))
+        for step in (1, 2):
+            sink.write(Frame(step, {**weird, "optim/odd?label": "alpha"}, "train", 1_700_000_000.0 + step))
+        sink.close()
+    messages = [str(w.message) for w in caught if str(w.message).startswith("mlflow:")]
+    mapped = [m for m in messages if "is not a valid MLflow name" in m]
+    assert len(mapped) == 6, mapped  # 4 metric names, 1 tag name, 1 param name: each warned once
+    assert sum("truncated" in m for m in messages) == 1
+    assert sink.rejected == 0 and sink.dropped == 0
+
+    client = MlflowClient(sink.tracking_uri)
+    run = client.get_run(sink.run_id)
+    names = set(run.data.metrics)
+    assert {"train/kl_0.5", "train/double", "lead", "ok/a b-c.d_e:f"} <= names
+    assert len(names) == 5 and all(len(n) <= 250 for n in names)
+    (long_name,) = [n for n in names if n.startswith("train/xxx")]
+    assert [s for s, _ in history(client, sink.run_id, long_name)] == [1, 2]
+    assert history(client, sink.run_id, "train/kl_0.5") == [(1, 1.0), (2, 1.0)]
+    assert run.data.tags["optim/odd_label"] == "alpha"
+    params = run.data.params
+    assert len([k for k in params if k.startswith("p")]) == 2 * MAX_PARAMS_TAGS_PER_BATCH + 17
+    assert params["opt/β1_"] == "0.9"  # unicode letters are valid in MLflow names; '?' is not
+    assert params["long"] == "y" * MAX_PARAM_VAL_LENGTH
+
+
+def test_resumed_run_continues_the_same_mlflow_run(backend: Backend, tmp_path: Path) -> None:
+    frames = grpo_run(steps=4)
+    first = backend.make()
+    publish(first, frames[:2], GRPO_ADAPTERS, tmp_path / "journal.jsonl", config=CONFIG, run_id="resume-me")
+    second = backend.make()
+    with pytest.warns(UserWarning, match="params cannot change"):
+        publish(second, frames[2:], GRPO_ADAPTERS, tmp_path / "journal.jsonl",
+                config={**CONFIG, "rl": {**CONFIG["rl"], "kl_beta": 0.1}}, run_id="resume-me")
+    assert second.run_id == first.run_id
+    client = MlflowClient(second.tracking_uri)
+    assert [s for s, _ in history(client, second.run_id, "train/loss_avg")] == [1, 2, 3, 4]
+    run = client.get_run(second.run_id)
+    assert run.info.status == "FINISHED" and run.data.params["rl/kl_beta"] == "0.04"
+    # an explicit MLflow run id targets that run
+    third = backend.make(run_id=first.run_id)
+    publish(third, [Frame(5, {"train/loss_avg": 0.5}, "train", 1_700_000_005.0)], GRPO_ADAPTERS,
+            tmp_path / "journal.jsonl")
+    assert [s for s, _ in history(client, first.run_id, "train/loss_avg")] == [1, 2, 3, 4, 5]
+
+
+# ------------------------------------------------------------------------ configuration
+
+
+def test_missing_mlflow_fails_with_the_install_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    sink = MlflowSink(dir=tmp_path / "never")  # constructing needs no mlflow and does no I/O
+    assert not (tmp_path / "never").exists()
+    monkeypatch.setitem(sys.modules, "mlflow", None)  # `import mlflow` now raises ImportError
+    with pytest.raises(ModuleNotFoundError) as info:
+        sink.start(run_info())
+    assert INSTALL in str(info.value).splitlines()
+    assert INSTALL == "pip install 'posttrain-metrics[mlflow]'"
+
+
+def test_tracking_uri_explicit_then_environment_then_embedded(
+    tmp_path: Path, embedded_dir: Path, mlflow_server: str
+) -> None:
+    embedded = "sqlite:///" + (embedded_dir / "mlflow.db").resolve().as_posix()
+    os.environ["MLFLOW_TRACKING_URI"] = embedded
+    explicit = MlflowSink(tracking_uri=mlflow_server, dir=tmp_path / "a", experiment="uri")
+    from_env = MlflowSink(dir=tmp_path / "b", experiment="uri")
+    for sink in (explicit, from_env):
+        sink.start(run_info())
+        sink.close()
+    assert explicit.tracking_uri == mlflow_server and from_env.tracking_uri == embedded
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()  # no embedded store made
+    del os.environ["MLFLOW_TRACKING_URI"]
+    default = MlflowSink(dir=embedded_dir, experiment="uri-embedded")
+    default.start(run_info())
+    default.close()
+    assert default.tracking_uri == embedded
+    run = MlflowClient(default.tracking_uri).get_run(default.run_id)
+    assert run.info.status == "FINISHED"
+    # the embedded store keeps artifacts next to its database, not in ./mlruns of the cwd
+    assert run.info.artifact_uri.startswith((embedded_dir / "mlartifacts").resolve().as_uri())
+
+
+def test_http_retry_settings(mlflow_server: str) -> None:
+    def started(**kw: Any) -> None:
+        sink = MlflowSink(tracking_uri=mlflow_server, experiment="http-settings", **kw)
+        sink.start(run_info())
+        sink.close()
+
+    started()  # nothing set: our defaults
+    assert [os.environ[v] for v in ENV[2:]] == ["2", "20", "1"]
+    os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = "45"  # the user's own setting is kept
+    del os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"]
+    started()
+    assert os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "45"
+    assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "2"
+    started(http_timeout=7, http_max_retries=0)  # an explicit argument wins
+    assert os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "7"
+    assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "0"
+
+
+def test_bad_arguments_say_what_and_how() -> None:
+    from posttrain_metrics import MetricsError
+
+    with pytest.raises(MetricsError, match=r"http_timeout='10'.*int"):
+        MlflowSink(http_timeout="10")  # type: ignore[arg-type]
+    with pytest.raises(MetricsError, match="max_pending=0"):
+        MlflowSink(max_pending=0)
+
+
+# ----------------------------------------------------------------------------- outage
+
+
+class Outage:
+    """A TCP relay in front of the real server that can go down (connections reset, then refused)
+    and come back on the same port: an outage without the seconds a server restart costs."""
+
+    def __init__(self, target: str) -> None:
+        self.target = int(target.rsplit(":", 1)[1])
+        self.port = free_port()
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self._listener: socket.socket | None = None
+        self._open: list[socket.socket] = []
+        self._lock = threading.Lock()
+
+    def up(self) -> None:
+        listener = socket.create_server(("127.0.0.1", self.port))
+        listener.settimeout(0.1)
+        with self._lock:
+            self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def down(self) -> None:
+        with self._lock:  # no connection accepted meanwhile survives the outage
+            listener, self._listener = self._listener, None
+            if listener is not None:
+                listener.close()
+            for conn in self._open:
+                with contextlib.suppress(OSError):
+                    conn.shutdown(socket.SHUT_RDWR)
+                conn.close()
+            self._open.clear()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            with self._lock:
+                if self._listener is not listener:
+                    client.close()
+                    return
+                client.settimeout(None)
+                upstream = socket.create_connection(("127.0.0.1", self.target))
+                self._open += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(a: socket.socket, b: socket.socket) -> None:
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for conn in (a, b):
+                with contextlib.suppress(OSError):
+                    conn.shutdown(socket.SHUT_RDWR)
+
+
+def test_dead_server_costs_the_sink_not_the_step(tmp_path: Path, mlflow_server: str) -> None:
+    """The server goes away mid-run and comes back: no step waits on it, and every step lands once."""
+    outage = Outage(mlflow_server)
+    outage.up()
+    frames = grpo_run(steps=10)
+    sink = MlflowSink(tracking_uri=outage.uri, experiment="outage", http_max_retries=1,
+                      http_backoff_factor=0, http_timeout=5)
+    pub = Publisher([JournalSink(tmp_path / "journal.jsonl"), sink], adapters=GRPO_ADAPTERS)
+    try:
+        pub.start(CONFIG)
+        for frame in frames[:3]:
+            pub.publish(frame)
+        client = MlflowClient(mlflow_server)
+        deadline = time.monotonic() + 20
+        while len(history(client, sink.run_id, "train/loss_avg")) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        outage.down()
+        costs = []
+        with pytest.warns(UserWarning, match="degraded"):
+            for frame in frames[3:8]:
+                t0 = time.perf_counter()
+                pub.publish(frame)
+                costs.append(time.perf_counter() - t0)
+                time.sleep(0.3)  # a training step; failures surface meanwhile
+        assert max(costs) < 0.25, costs  # the step never waits on the dead server
+        assert sink.degraded
+        outage.up()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for frame in frames[8:]:
+                pub.publish(frame)
+            pub.close()
+        assert sum("answers again" in str(w.message) for w in caught) == 1
+        assert pub.failures == {}
+        assert sink.unconfirmed == 0 and sink.dropped == 0 and not sink.degraded
+        assert [s for s, _ in history(client, sink.run_id, "train/loss_avg")] == list(range(1, 11))
+        assert_history(client, sink.run_id, expected_series(frames, pub))
+        assert client.get_run(sink.run_id).info.status == "FINISHED"
+    finally:
+        outage.down()
+
+
+def test_server_down_at_close_gives_up_quickly(tmp_path: Path, mlflow_server: str) -> None:
+    """A server that never comes back costs close() a few seconds, not drain_timeout; what was
+    held is counted and warned about, and the journal has every frame."""
+    outage = Outage(mlflow_server)
+    outage.up()
+    sink = MlflowSink(tracking_uri=outage.uri, experiment="down-at-close", http_max_retries=0,
+                      http_backoff_factor=0, http_timeout=5, backlog=3, drain_timeout=60)
+    pub = Publisher([JournalSink(tmp_path / "journal.jsonl"), sink], adapters=GRPO_ADAPTERS)
+    try:
+        pub.start({})
+        outage.down()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for frame in grpo_run(steps=6):
+                pub.publish(frame)
+                time.sleep(0.1)
+            t0 = time.perf_counter()
+            pub.close()
+            took = time.perf_counter() - t0
+    finally:
+        outage.down()
+    messages = [str(w.message) for w in caught]
+    assert took < 15, took
+    assert sink.degraded and sink.dropped >= 1
+    assert sink.dropped + sink.unconfirmed == 6
+    assert any("dropping the oldest" in m for m in messages)
+    assert any("were not confirmed" in m and "posttrain-metrics export" in m for m in messages)
+    assert any("keeps status RUNNING" in m for m in messages)
+    assert MlflowClient(mlflow_server).get_run(sink.run_id).info.status == "RUNNING"
+    assert [f.step for f in read_journal(tmp_path / "journal.jsonl").frames] == [1, 2, 3, 4, 5, 6]
