@@ -3,7 +3,7 @@
 Runs torch.distributed (gloo, CPU) in 2 and 4 processes for K = 10, 60, 250 keys and prints, per
 method, the median and p90 time per step and the ratio to ours, all measured in the same run:
 
-- ours: ``MetricReducer.reduce`` (local packing of the window's chunks, 2 collectives, read-out);
+- ours: ``MetricReducer.reduce`` (local packing of the window's chunks, 1 all_gather, read-out);
 - ours-collectives: only our two collectives and read-out of an already packed state;
 - per-key all_reduce: one collective per key (Lightning ``sync_dist`` / OpenRLHF style), made exact;
 - gather+barrier: a barrier and one ``all_gather`` per state (torchmetrics style);

@@ -67,21 +67,36 @@ def handshake(fingerprint: float, size: int, group: Any = None) -> None:
         )
 
 
+GATHER_MAX_RANKS = 64
+"""Up to this many ranks the step is one ``all_gather`` of both buffers, merged on every rank in rank
+order with the arithmetic of :func:`~posttrain_metrics.core.layout.merge`: one collective, and a
+result bitwise identical to :func:`~posttrain_metrics.reduce_metrics`. Beyond it, gathered bytes
+grow with the world, so the step is one SUM and one MAX ``all_reduce`` instead (fixed size)."""
+
+
 def all_reduce_state(state: PackedState, group: Any = None) -> PackedState:
-    """The step's two collectives (SUM and MAX, issued together) and one device-to-host copy."""
+    """The step's collectives and one device-to-host copy: the merged state of every rank."""
     import torch
 
     dist = _dist()
     assert dist is not None
     device = _device(dist, group)
-    sums = torch.tensor(state.sum, dtype=torch.float64, device=device)
-    maxes = torch.tensor(state.max, dtype=torch.float64, device=device)
-    pending = [
-        dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=group, async_op=True),
-        dist.all_reduce(maxes, op=dist.ReduceOp.MAX, group=group, async_op=True),
-    ]
-    for work in pending:
-        work.wait()
-    both = torch.cat([sums, maxes]).cpu().tolist()
+    world = int(dist.get_world_size(group))
     n = len(state.sum)
+    if world <= GATHER_MAX_RANKS:
+        mine = torch.tensor(state.sum + state.max, dtype=torch.float64, device=device)
+        rows = torch.empty((world, mine.numel()), dtype=torch.float64, device=device)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        gather(rows.view(-1), mine, group=group)
+        merged = rows[0].clone()
+        for row in rows[1:]:  # rank order, as the in-process simulation merges
+            merged[:n] += row[:n]
+            torch.maximum(merged[n:], row[n:], out=merged[n:])
+        both = merged.cpu().tolist()
+    else:
+        sums = torch.tensor(state.sum, dtype=torch.float64, device=device)
+        maxes = torch.tensor(state.max, dtype=torch.float64, device=device)
+        dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=group)
+        dist.all_reduce(maxes, op=dist.ReduceOp.MAX, group=group)
+        both = torch.cat([sums, maxes]).cpu().tolist()
     return PackedState(both[:n], both[n:], state.errors)

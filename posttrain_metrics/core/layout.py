@@ -3,8 +3,9 @@
 A :class:`Layout` is derived from the adapters alone, so every rank lays out the same two float64
 buffers whatever it observed: a SUM buffer (sums, counts, weights, presence, one-hot labels, error
 counts) and a MAX buffer (maxima, negated minima, type ranks, the worst error). :func:`merge` adds
-the one and maxes the other; it is exactly what one ``all_reduce(SUM)`` and one ``all_reduce(MAX)``
-compute, so the in-process simulation of ranks and torch.distributed share the arithmetic.
+the one and maxes the other. torch.distributed applies exactly that merge to the gathered states in
+rank order (or lets one ``all_reduce(SUM)`` and one ``all_reduce(MAX)`` compute it on very large
+worlds), so the in-process simulation of ranks and a real run share the arithmetic.
 :meth:`Layout.read` turns a merged state into public figures and raises the producer bugs the
 buffers carry, identically on every rank.
 """

@@ -57,7 +57,7 @@ def reduce_metrics(
     """Reduce ``per_rank_chunks[rank][chunk]`` (source-name dicts) to public figures, in process.
 
     The same arithmetic as a real distributed run: each rank's window is packed, the packed states
-    are merged with the one merge a SUM and a MAX collective compute, and the result is read out.
+    are merged in rank order with the one merge a distributed run applies, and the result is read out.
 
     >>> reduce_metrics("grpo", [[{"grpo_clip_frac": 0.5, "grpo_valid_token_count": 10}],
     ...                         [{"grpo_clip_frac": 0.0, "grpo_valid_token_count": 30}]])
@@ -78,7 +78,8 @@ class MetricReducer:
     """One rank's reducer in a real run: ``add`` each chunk, ``reduce`` at the end of the window.
 
     ``reduce`` is collective when torch.distributed is initialised (every rank of ``group`` calls it,
-    default the world): one SUM and one MAX all-reduce per step, plus one small handshake the first
+    default the world): one collective per step (an all-gather of the packed state, merged in rank
+    order; one SUM and one MAX all-reduce beyond 64 ranks), plus one small handshake the first
     time, whatever the number of keys. Without torch.distributed it is local. A producer bug on any
     rank raises :class:`MetricsError` on every rank after the collectives; the window is discarded.
 
