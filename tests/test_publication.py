@@ -154,16 +154,22 @@ def test_run_summary_uses_each_keys_semantics():
     assert isinstance(got["train/response_len_max"], int)
     assert got["optim/update_outcome/skipped"] == 1 and got["optim/update_outcome/applied"] == 4
     assert got["optim/optimizer_step"] == frames[-1].metrics["optim/optimizer_step"]
-    summary.add(nonfinite_frame(6))
-    assert math.isfinite(summary.values()["train/kl_max"])  # one NaN/inf does not poison the run max
-    assert summary.nonfinite["train/kl_max"] == 1
+    summary.add(nonfinite_frame(6))  # loss_avg NaN, kl_max +inf, kl_mean -inf
+    got = summary.values()
+    assert got["train/kl_max"] == math.inf  # an infinite maximum is the run's maximum
+    assert math.isfinite(got["train/loss_avg"]) and math.isfinite(got["train/kl_mean"])  # NaN/inf left out of means
+    assert summary.nonfinite == {"train/loss_avg": 1, "train/kl_max": 1, "train/kl_mean": 1}
+    summary.add(Frame(7, {"train/kl_max": math.nan}))
+    assert summary.values()["train/kl_max"] == math.inf  # a NaN does not poison it
 
 
 @pytest.mark.parametrize(
     ("key", "secret"),
     [("api_key", True), ("wandb/WANDB_API_KEY", True), ("hf_token", True), ("db/password", True),
      ("headers/Authorization", True), ("aws/secret_access_key", True), ("rollout/max_tokens", False),
-     ("model/tokenizer", False), ("rl/kl_beta", False)],
+     ("model/tokenizer", False), ("rl/kl_beta", False), ("hfToken", True), ("clientSecret", True),
+     ("privateKey", True), ("tokenizer/eos_token", False), ("bos_token_id", False), ("token_level_loss", False),
+     ("data/key_column", False), ("sort_key", False), ("wandb_key", True)],
 )
 def test_secret_keys(key, secret):
     assert is_secret_key(key) is secret
@@ -251,3 +257,36 @@ def test_a_sink_whose_start_fails_is_skipped_and_the_journal_keeps_everything(tm
         pub = publish(grpo_run(steps=4), [sink, JournalSink(tmp_path / "j.jsonl")])
     assert pub.unstarted == {"unreachable"} and pub.failures == {"unreachable": 1}  # one failure, not one per step
     assert sink.frames == [] and len(read_journal(tmp_path / "j.jsonl").frames) == 4
+
+
+@pytest.mark.parametrize(
+    ("text", "leak"),
+    [("HF_TOKEN=hf_abcdefghijklmnopqrstuvwxyz123 python train.py", "hf_abcdefghijklmnopqrstuvwxyz123"),
+     ("train.py --hf-token s3cr3t-value", "s3cr3t-value"),
+     ("https://host/api?token=abc123secret&x=1", "abc123secret"),
+     ("postgresql://user:p/ss@host/db", "p/ss"),
+     ("postgresql://user:p@ss@host/db", "p@ss"),
+     ("Authorization: Bearer abcdefghijklmnop", "abcdefghijklmnop")],
+)
+def test_secrets_embedded_in_strings_are_redacted(text, leak):
+    from posttrain_metrics.core.redact import redact_text
+
+    assert leak not in redact_text(text)
+    assert REDACTED in redact_text(text)
+
+
+def test_structured_and_non_finite_configs_reach_the_journal(tmp_path):
+    import argparse
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Optim:
+        max_grad_norm: float = math.inf  # a common way to turn clipping off
+        wandb_api_key: str = "abcdef0123456789-PLANTED"
+
+    config = {"optim": Optim(), "args": argparse.Namespace(hf_token="ns-PLANTED", steps=3), "pad_token_id": 0}
+    publish(grpo_run(steps=1), [JournalSink(tmp_path / "j.jsonl")], config=config)
+    journal = read_journal(tmp_path / "j.jsonl")
+    assert journal.config["optim/max_grad_norm"] == "inf" and journal.config["args/steps"] == 3
+    assert journal.config["pad_token_id"] == 0
+    assert "PLANTED" not in (tmp_path / "j.jsonl").read_text()

@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 from .adapter import Metric, MetricAdapter
 from .errors import MetricsError
 from .reduction import Reduction
-from .values import BadValue, Scalar, to_scalar
+from .values import MAX_EXACT_INT, BadValue, Scalar, to_scalar
 
 __all__ = ["Layout", "PackedState", "merge"]
 
@@ -283,6 +283,8 @@ class Layout:
         elif r is Reduction.LAST:
             last[key.source] = value
         elif r is Reduction.POOLED_STD:
+            if v < 0.0:
+                raise _Reject(Code.BAD_VALUE, f"got the standard deviation {value!r} < 0; fix the producer")
             n = self._partner(key, key.weight, values, chunk, "count") if key.weight else 1.0
             mean = self._partner(key, key.mean, values, chunk, "mean", weight=False)
             if n > 0.0:
@@ -383,7 +385,7 @@ class Layout:
         if r is Reduction.MAX or r is Reduction.MIN:
             if S[s] > 0.0:
                 return math.nan
-            v = M[m] if r is Reduction.MAX else -M[m]
+            v = (M[m] if r is Reduction.MAX else -M[m]) + 0.0  # -0.0 and 0.0 tie: report 0.0 on every path
             return _typed(v, M[m + 1])
         if r is Reduction.MEAN:
             return S[s] / S[s + 1]
@@ -441,6 +443,6 @@ def _type_rank(value: Scalar) -> float:
 def _typed(value: float, type_rank: float) -> Scalar:
     if type_rank == _BOOL:
         return bool(value)
-    if type_rank == _INT and math.isfinite(value):
+    if type_rank == _INT and math.isfinite(value) and abs(value) <= MAX_EXACT_INT:
         return int(value)
-    return value
+    return value  # a sum beyond 2**53 is no longer exact: a float says so, a wrong int would not

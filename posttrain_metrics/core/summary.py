@@ -3,7 +3,8 @@
 Trackers summarise a run by the last value (W&B's default) or a plain min/max that one NaN
 poisons; neither can weight a mean by tokens. :class:`RunSummary` folds frames the way the key is
 declared: weighted means over the whole run by their weight, sums to totals, maxima to the run
-maximum (NaN ignored and counted), categorical labels to counts.
+maximum (NaN ignored and counted; an infinite value counts, and is counted), categorical labels to
+counts. Types follow the widest input seen: a maximum over ints and floats is a float.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class RunSummary:
         self._last: dict[str, Scalar] = {}
         self._labels: dict[str, dict[str, int]] = {}
         self.nonfinite: dict[str, int] = {}
+        self._kind: dict[str, int] = {}  # widest type seen: 0 bool, 1 int, 2 float
         self.frames = 0
 
     def add(self, frame: Frame) -> None:
@@ -42,11 +44,14 @@ class RunSummary:
                 counts[value] = counts.get(value, 0) + 1
                 continue
             self._last[key] = value
+            self._kind[key] = max(self._kind.get(key, 0), 0 if isinstance(value, bool) else 1 if isinstance(value, int) else 2)
             v = float(value)
+            r = info.reduction
             if not math.isfinite(v):
                 self.nonfinite[key] = self.nonfinite.get(key, 0) + 1
-                continue
-            r = info.reduction
+                # NaN compares with nothing; an infinite maximum (minimum) is still the run's
+                if math.isnan(v) or r not in (Reduction.MAX, Reduction.MIN):
+                    continue
             acc = self._acc.setdefault(key, [0.0, 0.0])
             if r is Reduction.WEIGHTED_MEAN:
                 w = _number(m.get(info.weight_key or ""))
@@ -81,9 +86,10 @@ class RunSummary:
             if r is Reduction.WEIGHTED_MEAN:
                 out[key] = acc[0] / acc[1] if acc[1] > 0 else 0.0
             elif r is Reduction.SUM:
-                out[key] = int(acc[0]) if isinstance(last, int) and acc[0].is_integer() else acc[0]
+                out[key] = int(acc[0]) if self._kind[key] < 2 and acc[0].is_integer() else acc[0]
             elif r in (Reduction.MAX, Reduction.MIN):
-                out[key] = type(last)(acc[0]) if isinstance(last, int) else acc[0]
+                kind = self._kind[key]
+                out[key] = bool(acc[0]) if kind == 0 else int(acc[0]) if kind == 1 and math.isfinite(acc[0]) else acc[0]
             elif r is Reduction.POOLED_STD:
                 mean = acc[1] / acc[0] if acc[0] > 0 else 0.0
                 out[key] = math.sqrt(max(acc[2] / acc[0] - mean * mean, 0.0)) if acc[0] > 0 else 0.0

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import MetricsError
+from ..core.redact import redact, redact_text
 from .base import Sink
 
 __all__ = ["SINK_TYPES", "build_sink", "inside", "plain", "safe_name"]
@@ -46,7 +47,7 @@ def plain(value: Any) -> Any:
 
 def safe_name(name: str) -> str:
     """A run name usable as a folder name: no separators, no ``..``."""
-    cleaned = re.sub(r"[^A-Za-z0-9._=-]+", "-", name).strip(".-")
+    cleaned = re.sub(r"[^A-Za-z0-9._=-]+", "-", name).strip(".-")[:100].strip(".-")
     return cleaned or "run"
 
 
@@ -63,6 +64,11 @@ def inside(base: Path, relative: str | os.PathLike[str], *, what: str) -> Path:
             "fix: give a path inside the output folder, or an absolute path on purpose"
         )
     return resolved
+
+
+def _shown(options: Mapping[str, Any]) -> dict[str, Any]:
+    """Options as an error message may show them: secrets redacted."""
+    return {k: redact(k, v) if isinstance(v, (str, int, float, bool)) else v for k, v in options.items()}
 
 
 def build_sink(spec: Mapping[str, Any] | Sink, *, out_dir: str | os.PathLike[str] | None = None) -> Sink:
@@ -83,7 +89,7 @@ def build_sink(spec: Mapping[str, Any] | Sink, *, out_dir: str | os.PathLike[str
     kind = options.pop("type", None)
     if kind not in SINK_TYPES:
         raise MetricsError(
-            f"unknown sink type {kind!r} in {dict(spec)!r}; fix: use one of {sorted(SINK_TYPES)}"
+            f"unknown sink type {kind!r} in {_shown(options)}; fix: use one of {sorted(SINK_TYPES)}"
         )
     module_name, class_name, path_option, default = SINK_TYPES[kind]
     cls = getattr(importlib.import_module(module_name), class_name)
@@ -100,5 +106,5 @@ def build_sink(spec: Mapping[str, Any] | Sink, *, out_dir: str | os.PathLike[str
     try:
         sink: Sink = cls(**options)
     except (TypeError, ValueError) as exc:
-        raise MetricsError(f"sink {kind!r} rejected its options {options!r}: {exc}") from None
+        raise MetricsError(f"sink {kind!r} rejected its options {_shown(options)}: {redact_text(str(exc))}") from None
     return sink

@@ -69,6 +69,7 @@ from ..core.reduction import Reduction
 from ..core.summary import RunSummary
 from ..core.values import Scalar
 from .base import RunInfo
+from .factory import safe_name
 
 __all__ = [
     "AGGREGATE_PREFIX",
@@ -375,7 +376,8 @@ class TensorBoardSink:
         tb = _import_tensorboard()
         if self._writer is not None:
             raise MetricsError(f"tensorboard sink for {self.path} already started; fix: close() it first")
-        path = Path(str(self.log_dir).replace("{name}", run.name).replace("{run_id}", run.run_id))
+        # Placeholders take folder-safe values: a run name or id cannot lead the path elsewhere.
+        path = Path(str(self.log_dir).replace("{name}", safe_name(run.name)).replace("{run_id}", safe_name(run.run_id)))
         self._tb, self._run, self.path = tb, run, path
         self._summary = RunSummary(run.keys)
         self._described.clear()

@@ -37,7 +37,8 @@ never fights with the summaries above: `run/<key>` = the token-weighted mean ove
 for weighted means, the mean over frames for plain means, the total for sums, the run maximum
 (minimum) for maxima (minima), the pooled std over the run, the last value for last-value keys,
 and for a categorical key one count per label (`run/optim/update_outcome/skipped` = 1).
-Non-finite values are left out of these aggregates and counted under `run/nonfinite/<key>`.
+NaN is left out of these aggregates, and so is ±inf except from maxima and minima (an infinite
+maximum is the run's maximum); every non-finite value is counted under `run/nonfinite/<key>`.
 They are written every `summary_every` frames and at close.
 
 **Categorical labels.** The label itself is logged (`optim/update_outcome = "skipped"`): it is in
