@@ -40,10 +40,13 @@ def _probe(frame: Frame) -> str | None:
 
 
 def pending_frames(frames: Iterable[Frame], existing: Points) -> list[Frame]:
-    """The frames whose probe point is not in ``existing`` yet (counting repeated steps)."""
+    """The frames whose probe point is not in ``existing`` yet (counting repeated steps). A frame
+    with no metrics (an empty window) is never pending: the publisher sends it to no tracker."""
     seen: Points = collections.Counter()
     out = []
     for frame in frames:
+        if not frame.metrics:
+            continue
         key = _probe(frame)
         if key is None:
             out.append(frame)

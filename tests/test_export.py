@@ -68,7 +68,9 @@ def tensorboard_series(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
 
     events = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "tensors": 0})
     events.Reload()
-    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+    # sorted by step: TensorBoard reads event files in name order, and a writer's counter can sort
+    # "...10" before "...9" within one second
+    return {tag: sorted((e.step, e.value) for e in events.Scalars(tag)) for tag in events.Tags()["scalars"]}
 
 
 def mlflow_series(uri: str) -> tuple[dict[str, list[tuple[int, float]]], dict[str, str], str]:

@@ -46,7 +46,24 @@ def _device(dist: Any, group: Any) -> str:
     return "cpu"
 
 
-def handshake(fingerprint: float, size: int, group: Any = None) -> None:
+def _collective_failed(what: str, step: int | None, exc: BaseException) -> MetricsError:
+    """A collective that raised, as a MetricsError that says which one, the step and the fix.
+
+    The usual cause is a rank that did not call ``reduce`` for this step (it raised, returned early
+    or skipped the window): the others wait in the collective until the process group's timeout,
+    and torch.distributed then raises on them. The process group is not usable after that.
+    """
+    at = f" of step {step}" if step is not None else ""
+    return MetricsError(
+        f"MetricReducer.reduce: the {what} collective{at} failed on rank {global_rank()} "
+        f"({type(exc).__name__}: {str(exc).strip()[:300]}). Usually a rank did not call reduce"
+        f"({'' if step is None else step}) (it raised, returned early or skipped the window), so the "
+        "others waited until the process group's timeout. Fix: call reduce(step) on every rank at "
+        "every step, even with no chunks; init_process_group(timeout=...) bounds the wait"
+    )
+
+
+def handshake(fingerprint: float, size: int, group: Any = None, *, step: int | None = None) -> None:
     """One small MAX collective verifying that every rank packs the same layout."""
     import torch
 
@@ -57,7 +74,10 @@ def handshake(fingerprint: float, size: int, group: Any = None) -> None:
         dtype=torch.float64,
         device=_device(dist, group),
     )
-    dist.all_reduce(probe, op=dist.ReduceOp.MAX, group=group)
+    try:
+        dist.all_reduce(probe, op=dist.ReduceOp.MAX, group=group)
+    except RuntimeError as exc:  # torch's DistBackendError (a timeout, a lost peer) is one
+        raise _collective_failed("layout handshake all_reduce(MAX)", step, exc) from exc
     hi, neg_lo, size_hi, neg_size_lo = probe.cpu().tolist()
     if hi != -neg_lo or size_hi != -neg_size_lo:
         raise MetricsError(
@@ -74,7 +94,7 @@ result bitwise identical to :func:`~posttrain_metrics.reduce_metrics`. Beyond it
 grow with the world, so the step is one SUM and one MAX ``all_reduce`` instead (fixed size)."""
 
 
-def all_reduce_state(state: PackedState, group: Any = None) -> PackedState:
+def all_reduce_state(state: PackedState, group: Any = None, *, step: int | None = None) -> PackedState:
     """The step's collectives and one device-to-host copy: the merged state of every rank."""
     import torch
 
@@ -87,7 +107,10 @@ def all_reduce_state(state: PackedState, group: Any = None) -> PackedState:
         mine = torch.tensor(state.sum + state.max, dtype=torch.float64, device=device)
         rows = torch.empty((world, mine.numel()), dtype=torch.float64, device=device)
         gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-        gather(rows.view(-1), mine, group=group)
+        try:
+            gather(rows.view(-1), mine, group=group)
+        except RuntimeError as exc:  # torch's DistBackendError (a timeout, a lost peer) is one
+            raise _collective_failed("all_gather", step, exc) from exc
         merged = rows[0].clone()
         for row in rows[1:]:  # rank order, as the in-process simulation merges
             merged[:n] += row[:n]
@@ -96,7 +119,11 @@ def all_reduce_state(state: PackedState, group: Any = None) -> PackedState:
     else:
         sums = torch.tensor(state.sum, dtype=torch.float64, device=device)
         maxes = torch.tensor(state.max, dtype=torch.float64, device=device)
-        dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=group)
-        dist.all_reduce(maxes, op=dist.ReduceOp.MAX, group=group)
+        for what, buffer, op in (("all_reduce(SUM)", sums, dist.ReduceOp.SUM),
+                                 ("all_reduce(MAX)", maxes, dist.ReduceOp.MAX)):
+            try:
+                dist.all_reduce(buffer, op=op, group=group)
+            except RuntimeError as exc:
+                raise _collective_failed(what, step, exc) from exc
         both = torch.cat([sums, maxes]).cpu().tolist()
     return PackedState(both[:n], both[n:], state.errors)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import operator
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Union
@@ -13,7 +14,7 @@ from .catalog import get_adapter
 from .errors import MetricsError
 from .frame import Frame
 from .layout import Layout, merge
-from .values import Scalar, materialize
+from .values import MAX_EXACT_INT, Scalar, materialize
 
 __all__ = ["AdapterSpec", "MetricReducer", "reduce_metrics", "resolve_adapters"]
 
@@ -48,6 +49,34 @@ def _check_phase(phase: str) -> None:
         raise MetricsError(f"phase {phase!r} is not one of {sorted(PHASES)}")
 
 
+def _check_step(step: object) -> int:
+    """``step`` as a plain int: any integer (Python, numpy, a 0-d integer tensor), not a bool."""
+    try:
+        value = None if isinstance(step, bool) else operator.index(step)  # type: ignore[arg-type]
+    except TypeError:
+        value = None
+    if value is None or abs(value) > MAX_EXACT_INT:
+        raise MetricsError(
+            f"step must be an integer within +/-2**53, got {type(step).__name__} {step!r:.60}; fix: pass "
+            "the optimizer step as an int"
+        )
+    return value
+
+
+def _check_chunk(chunk: object, where: str) -> Mapping[str, Any]:
+    if not isinstance(chunk, Mapping):
+        raise MetricsError(
+            f"{where} takes a mapping of source names to values, got {type(chunk).__name__}"
+        )
+    bad = [key for key in chunk if not isinstance(key, str)]
+    if bad:
+        raise MetricsError(
+            f"{where}: source names must be strings, got {bad[0]!r:.60} ({type(bad[0]).__name__}); "
+            "fix: key the chunk by the declared source names"
+        )
+    return chunk
+
+
 def reduce_metrics(
     adapters: AdapterSpec,
     per_rank_chunks: Sequence[Sequence[Mapping[str, Any]]],
@@ -66,6 +95,13 @@ def reduce_metrics(
     _check_phase(phase)
     if not per_rank_chunks:
         raise MetricsError("per_rank_chunks is empty; fix: pass one list of chunk dicts per rank")
+    for rank, chunks in enumerate(per_rank_chunks):
+        if isinstance(chunks, (str, bytes, Mapping)) or not isinstance(chunks, Sequence):
+            raise MetricsError(
+                f"per_rank_chunks[{rank}] must be a list of chunk dicts, got {type(chunks).__name__}"
+            )
+        for chunk in chunks:
+            _check_chunk(chunk, f"per_rank_chunks[{rank}]")
     layout = _layout(resolve_adapters(adapters))
     states = [
         layout.accumulate(materialize(chunks), rank=rank, phase=phase)
@@ -100,11 +136,7 @@ class MetricReducer:
     def add(self, chunk: Mapping[str, Any]) -> None:
         """Record one chunk's source-name metrics. Cheap: values are read at ``reduce``, tensors
         in one stacked copy. The mapping is copied, never modified."""
-        if not isinstance(chunk, Mapping):
-            raise MetricsError(
-                f"add() takes a mapping of source names to values, got {type(chunk).__name__}"
-            )
-        self._chunks.append(dict(chunk))
+        self._chunks.append(dict(_check_chunk(chunk, "add()")))
 
     @property
     def pending_chunks(self) -> int:
@@ -114,13 +146,14 @@ class MetricReducer:
         """End the window: the global figures of every chunk added since the last ``reduce``."""
         _check_phase(phase)
         chunks, self._chunks = self._chunks, []
+        step = _check_step(step)
         where = distributed.group_rank_and_size(self.group)
         rank, size = where or (0, 1)
         state = self.layout.accumulate(materialize(chunks), rank=rank, step=step, phase=phase)
         if where is not None:
             if not self._verified:
-                distributed.handshake(self.layout.fingerprint, self.layout.sum_size, self.group)
+                distributed.handshake(self.layout.fingerprint, self.layout.sum_size, self.group, step=step)
                 self._verified = True
-            state = distributed.all_reduce_state(state, self.group)
+            state = distributed.all_reduce_state(state, self.group, step=step)
         metrics = self.layout.read(state, phase=phase, world_size=size)
         return Frame(step=step, metrics=metrics, phase=phase, wall_time=time.time())

@@ -42,11 +42,21 @@ def to_scalar(value: object) -> Scalar:
         size = getattr(value, "size", 1)
         if size != 1:
             raise BadValue(f"a numpy array of shape {getattr(value, 'shape', '?')}; fix: pass a scalar")
-        return to_scalar(value.item())  # type: ignore[attr-defined]
+        item = value.item()  # type: ignore[attr-defined]
+        if type(item).__module__ == "numpy":  # longdouble has no Python twin: item() returns itself
+            if not isinstance(item, numbers.Real):
+                raise BadValue(f"numpy {type(item).__name__} {item!r:.80}; fix: pass a real number")
+            item = float(item)
+        return to_scalar(item)
     if is_tensor(value):
         raise BadValue("an unmaterialised tensor")  # materialize() runs first; never reached
     if isinstance(value, numbers.Real):
-        return float(value)
+        try:
+            return float(value)
+        except (OverflowError, ValueError, TypeError) as exc:
+            raise BadValue(
+                f"{type(value).__name__} {value!r:.80} has no float value ({exc}); fix: pass a float"
+            ) from None
     raise BadValue(
         f"{type(value).__name__} {value!r:.80}; fix: pass a number (Python, numpy or a one-element "
         "torch tensor), or a label string for a categorical key"
@@ -69,6 +79,9 @@ def materialize(chunks: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
                         f"a tensor of shape {tuple(value.shape)}; fix: reduce it to one element first"
                     )
                     continue
+                if value.dtype.is_complex:  # the float64 copy would drop the imaginary part
+                    chunk[key] = BadValue(f"a complex tensor ({value.dtype}); fix: pass a real number")
+                    continue
                 pending.setdefault(value.device, []).append((chunk, key, value))
     if not pending:
         return out
@@ -79,7 +92,7 @@ def materialize(chunks: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
         for (chunk, key, tensor), number in zip(items, stacked.cpu().tolist()):
             if tensor.dtype == torch.bool:
                 chunk[key] = bool(number)
-            elif not (tensor.dtype.is_floating_point or tensor.dtype.is_complex):
+            elif not tensor.dtype.is_floating_point:
                 chunk[key] = int(number)
             else:
                 chunk[key] = number

@@ -30,6 +30,7 @@ from ..core.errors import MetricsError
 from ..core.frame import Frame
 from ..core.values import Scalar
 from .base import RunInfo
+from .publisher import SAFE_RUN_ID
 
 __all__ = ["FORMAT", "VERSION", "Journal", "JournalSink", "read_journal"]
 
@@ -154,6 +155,23 @@ def _lines(path: Path) -> Iterator[tuple[int, str, bool]]:
             yield i, line, i == len(parts)  # last=True: no newline after it (possibly torn)
 
 
+def _check_header(path: Path, header: Mapping[str, Any]) -> None:
+    """A header's fields have the types the writer gives them; the run id is a safe name (it
+    becomes file names and tracker queries on export), so a hostile header is refused here."""
+    run_id, name, adapters = header.get("run_id"), header.get("name"), header.get("adapters")
+    problem = None
+    if not isinstance(run_id, str) or not SAFE_RUN_ID.fullmatch(run_id):
+        problem = f"run_id {run_id!r:.80} is not a safe run id (letters, digits, '_', '-', '.')"
+    elif name is not None and not isinstance(name, str):
+        problem = f"name {name!r:.80} is not a string"
+    elif not isinstance(adapters, list) or not all(isinstance(a, str) for a in adapters):
+        problem = f"adapters {adapters!r:.80} is not a list of adapter names"
+    elif not isinstance(header.get("config", {}), dict):
+        problem = f"config {header.get('config')!r:.80} is not a JSON object"
+    if problem:
+        raise MetricsError(f"{path}: the journal header's {problem}; the file is damaged or not ours")
+
+
 def read_journal(path: str | os.PathLike[str]) -> Journal:
     """Read a journal. A torn last line (a crash mid-write) is skipped with a warning; anything
     else malformed, an unknown format or version, or a missing file is a :class:`MetricsError`."""
@@ -169,7 +187,7 @@ def read_journal(path: str | os.PathLike[str]) -> Journal:
             record = json.loads(line)
             if not isinstance(record, dict):
                 raise ValueError("not a JSON object")
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: nesting too deep to decode
             if unterminated:
                 note = f"{p}:{number}: skipped a torn last line (the writer stopped mid-line)"
                 notes.append(note)
@@ -185,13 +203,17 @@ def read_journal(path: str | os.PathLike[str]) -> Journal:
                     f"{p}: journal format version {record.get('version')!r}; this posttrain-metrics "
                     f"reads version {VERSION}; fix: upgrade posttrain-metrics"
                 )
+            _check_header(p, record)
             header = record
         elif kind == "frame":
             try:
                 metrics = {str(k): _decode(v) for k, v in record["metrics"].items()}
-                frames.append(Frame(int(record["step"]), metrics, str(record.get("phase", "train")),
+                step = record["step"]
+                if isinstance(step, bool) or not isinstance(step, int):
+                    raise TypeError(f"step {step!r:.40} is not an integer")
+                frames.append(Frame(step, metrics, str(record.get("phase", "train")),
                                     float(record.get("time", 0.0))))
-            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
                 if unterminated:
                     notes.append(f"{p}:{number}: skipped a torn last line")
                     continue

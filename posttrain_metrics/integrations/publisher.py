@@ -6,6 +6,11 @@ per label (``optim/update_outcome/skipped``) so that outcomes chart in every tra
 counted under ``health/nonfinite/<key>`` with one warning per key. The journal gets the frame
 exactly as reduced. A sink that raises is warned about once and never stops training or the others.
 
+A frame with no metrics (``reduce`` with no ``add`` on any rank: an empty window) is written to the
+journal only, so the record shows the step ran with no data; no other sink receives it (there is
+nothing to chart, and a tracker row without values is noise), it is counted in ``empty_frames`` and
+warned about once.
+
 Only the reduction and the journal line happen on the training thread: every other sink writes on
 its own thread behind a bounded queue (:class:`~posttrain_metrics.integrations.worker.SinkWorker`;
 drop-oldest when full, counted, the journal keeps every frame for ``posttrain-metrics export``).
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import math
+import re
 import time
 import uuid
 import warnings
@@ -23,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..core.distributed import global_rank
+from ..core.errors import MetricsError
 from ..core.frame import Frame
 from ..core.keys import KeyInfo, describe, label_key
 from ..core.redact import flatten_config
@@ -32,6 +39,10 @@ from .base import RunInfo, Sink
 from .worker import SinkWorker
 
 __all__ = ["Publisher", "display_frame", "nonfinite_kind"]
+
+# Run ids end up in file names (W&B's run-<id>.wandb, a TensorBoard log_dir with {run_id}) and in
+# tracker queries: letters, digits, '_', '-', '.', not starting with '.' or '-'.
+SAFE_RUN_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")  # matched with fullmatch
 
 
 def nonfinite_kind(value: Scalar) -> str | None:
@@ -80,10 +91,16 @@ class Publisher:
         self.unstarted: set[str] = set()  # sinks whose start() failed: skipped, the journal has all
         self.adapters = resolve_adapters(adapters)
         self.keys = describe(self.adapters)
+        if run_id is not None and not (isinstance(run_id, str) and SAFE_RUN_ID.fullmatch(run_id)):
+            raise MetricsError(
+                f"run_id {run_id!r:.80} is not a safe run id (it names files and tracker runs); fix: use "
+                "1-128 letters, digits, '_', '-' or '.', not starting with '.' or '-'"
+            )
         self.run_id = run_id or uuid.uuid4().hex[:16]
         self.run_name = run_name or f"run-{time.strftime('%Y%m%d-%H%M%S')}"
         self.run: RunInfo | None = None
         self.failures: dict[str, int] = {}
+        self.empty_frames = 0  # frames with no metrics: journal only (see the module docstring)
         self._nonfinite: dict[tuple[str, str], int] = {}
         self._closed = False
 
@@ -117,12 +134,23 @@ class Publisher:
             return
         if self.run is None:
             self.start()
+        if not frame.metrics:
+            self.empty_frames += 1
+            if self.empty_frames == 1:
+                warnings.warn(
+                    f"{frame.phase} step {frame.step} has no metrics (no rank added a chunk before "
+                    "reduce: an empty window); it is written to the journal only, not to other sinks "
+                    "(counted in Publisher.empty_frames)",
+                    stacklevel=2,
+                )
         shown = display_frame(frame, self.keys)
         for sink in self.sinks:
             if sink.name in self.unstarted:
                 continue
             if sink.name == "journal":
                 self._call(sink, "write", frame)
+                continue
+            if not frame.metrics:
                 continue
             prepared = self._for(sink, shown)
             worker = self.workers.get(sink.name)

@@ -1,0 +1,584 @@
+"""Every row of docs/bad-input.md, tried: what a producer or a user can hand us, and what happens.
+
+Each error row checks three things: a ``MetricsError`` that names the key, what was received and the
+fix; the bad window is discarded while the frames published before it stay in the journal and the
+sinks; and the next good window reduces exactly as if nothing had happened. Substitution rows check
+the substituted value and where it is counted. The sink rows (steps that go backwards or repeat,
+names a backend rejects, an empty window) publish one run to the journal, TensorBoard, an embedded
+MLflow store and an offline W&B run, and read each back with the vendor's own reader. The last row
+runs two gloo processes where rank 1 skips ``reduce``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import queue as queue_module
+import random
+import sys
+import time
+import traceback
+import types
+import warnings
+from collections.abc import Callable, Mapping
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as mp
+from _runs import GRPO_ADAPTERS, grpo_chunk
+
+from posttrain_metrics import (
+    Frame,
+    Metric,
+    MetricAdapter,
+    MetricReducer,
+    MetricsError,
+    Reduction,
+    reduce_metrics,
+)
+from posttrain_metrics.core.health import run_checks
+from posttrain_metrics.core.values import materialize
+from posttrain_metrics.integrations import JournalSink, MemorySink, Publisher, read_journal
+
+R = Reduction
+
+
+# -- helpers ------------------------------------------------------------------------------------------
+
+
+def good_window(step: int) -> list[dict[str, Any]]:
+    rng = random.Random(step)
+    return [grpo_chunk(rng, step, last=c == 1) for c in range(2)]
+
+
+class Run:
+    """A reducer and a publisher (journal + memory sink) driven like a training loop."""
+
+    def __init__(self, folder: Path, adapters: Any = GRPO_ADAPTERS) -> None:
+        self.adapters = adapters
+        self.reducer = MetricReducer(adapters)
+        self.memory = MemorySink()
+        self.journal = folder / "journal.jsonl"
+        self.pub = Publisher([JournalSink(self.journal), self.memory], adapters=adapters, background=False)
+        self.pub.start({})
+
+    def step(self, step: int, chunks: list[dict[str, Any]]) -> Frame:
+        for chunk in chunks:
+            self.reducer.add(chunk)
+        frame = self.reducer.reduce(step)
+        self.pub.publish(frame)
+        return frame
+
+    def close(self) -> None:
+        self.pub.close()
+
+
+def rejected(folder: Path, chunk: Mapping[str, Any], *needles: str, adapters: Any = GRPO_ADAPTERS,
+             good: Callable[[int], list[dict[str, Any]]] = good_window) -> str:
+    """Step 1 good, step 2 carries ``chunk`` (a MetricsError naming ``needles`` and a fix), step 3
+    good: steps 1 and 3 are in the journal and the sink, and step 3 is exact."""
+    run = Run(folder, adapters)
+    run.step(1, good(1))
+    run.reducer.add(good(2)[0])
+    run.reducer.add(chunk)
+    with pytest.raises(MetricsError) as info:
+        run.reducer.reduce(2)
+    text = str(info.value)
+    for needle in (*needles, "fix"):
+        assert needle in text, f"{needle!r} not in {text!r}"
+    assert run.reducer.pending_chunks == 0  # the bad window is discarded
+    third = run.step(3, good(3))
+    run.close()
+    assert dict(third.metrics) == reduce_metrics(adapters, [good(3)])  # nothing of step 2 leaked in
+    assert [f.step for f in read_journal(run.journal).frames] == [1, 3]
+    assert [f.step for f in run.memory.frames] == [1, 3]
+    return text
+
+
+def reduce_one(adapters: Any, chunk: Mapping[str, Any]) -> dict[str, Any]:
+    reducer = MetricReducer(adapters)
+    reducer.add(chunk)
+    return dict(reducer.reduce(1).metrics)
+
+
+# -- NaN and inf ---------------------------------------------------------------------------------------
+
+
+def test_nan_and_inf_values_propagate_and_every_sink_keeps_or_counts_them(tmp_path: Path) -> None:
+    chunks = [{"grpo_clip_frac": math.nan, "grpo_valid_token_count": 0},  # NaN under zero weight adds nothing
+              {"grpo_kl_max": math.nan, "grpo_kl_mean": math.inf, "grpo_loss": -math.inf, "grpo_weight_sum": 10,
+               "grpo_clip_frac": 0.25, "grpo_valid_token_count": 4}]
+    metrics = reduce_metrics("grpo", [chunks])
+    assert math.isnan(metrics["train/kl_max"])
+    assert metrics["train/kl_mean"] == math.inf and metrics["train/loss_avg"] == -math.inf
+    assert metrics["train/clip_frac"] == 0.25 and metrics["train/valid_token_count"] == 4
+    # a NaN on one rank makes the global figure NaN: never dropped, never averaged away
+    assert math.isnan(reduce_metrics("grpo", [[{"grpo_kl_max": 0.1}], [{"grpo_kl_max": math.nan}]])["train/kl_max"])
+
+    strict = MemorySink()
+    strict.name, strict.stores_nonfinite = "strict", frozenset({"nan"})  # like MLflow: NaN yes, inf no
+    journal = tmp_path / "journal.jsonl"
+    pub = Publisher([JournalSink(journal), strict], adapters="grpo", background=False)
+    pub.start({})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in (1, 2):
+            pub.publish(Frame(step, metrics, "train", 1.0 + step))
+    pub.close()
+    back = read_journal(journal).frames[-1].metrics  # the journal keeps the exact values
+    assert math.isnan(back["train/kl_max"]) and back["train/kl_mean"] == math.inf
+    last = strict.frames[-1].metrics
+    assert math.isnan(last["train/kl_max"]) and "train/kl_mean" not in last
+    assert last["health/nonfinite/train/kl_mean"] == 2 and last["health/nonfinite/train/loss_avg"] == 2
+    assert sum("cannot be stored faithfully" in str(w.message) for w in caught) == 2  # once per key
+    findings = {f.check: f for f in run_checks(read_journal(journal))}
+    assert findings["nonfinite_values"].steps == (1, 2)
+
+
+# -- strings, bools, containers ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("value", "shown"), [("high", "'high'"), ("0.5", "'0.5'"), (b"1", "b'1'")])
+def test_a_string_for_a_numeric_key_is_refused(tmp_path: Path, value: Any, shown: str) -> None:
+    rejected(tmp_path, {"grpo_kl_max": value}, "'grpo_kl_max'", shown)
+
+
+@pytest.mark.parametrize(("value", "shown"), [
+    (None, "None"), ([0.5], "[0.5]"), ({"v": 1}, "{'v': 1}"), (1 + 2j, "(1+2j)"),
+    (torch.tensor([0.1, 0.2]), "(2,)"), (torch.tensor([]), "(0,)"), (np.array([1.0, 2.0]), "(2,)"),
+    (torch.tensor(1 + 2j), "complex"), (np.clongdouble(1), "clongdouble"),
+])
+def test_none_containers_complex_and_multi_element_tensors_are_refused(tmp_path: Path, value: Any, shown: str) -> None:
+    rejected(tmp_path, {"grpo_kl_max": value}, "'grpo_kl_max'", shown)
+
+
+def test_bools_are_counts_and_flags_and_trackers_see_0_or_1(tmp_path: Path) -> None:
+    summed = reduce_metrics("grpo", [[{"grpo_response_count": True}, {"grpo_response_count": True}],
+                                     [{"grpo_response_count": False}]])
+    assert summed == {"train/response_count": 2} and type(summed["train/response_count"]) is int
+    flags = reduce_metrics("trainer", [[{"step_skipped": True}], [{"step_skipped": True}]])
+    assert flags["optim/step_skipped"] is True  # LAST of the same flag on every rank stays a bool
+    mixed = reduce_metrics("trainer", [[{"step_skipped": True}], [{"step_skipped": False}]])
+    assert mixed["optim/step_skipped"] == 0.5  # ranks disagree: the mean across ranks, a float
+    assert reduce_one("grpo", {"grpo_clip_frac": True, "grpo_valid_token_count": True}) == {
+        "train/clip_frac": 1.0, "train/valid_token_count": 1}  # True counts as 1, as a value and a weight
+    rejected(tmp_path, {"update_outcome": True}, "'update_outcome'", "True", "'applied'")
+
+    sink = MemorySink()
+    pub = Publisher([JournalSink(tmp_path / "j.jsonl"), sink], adapters="trainer", background=False)
+    pub.start({})
+    pub.publish(Frame(1, flags, "train", 1.0))
+    pub.close()
+    assert sink.frames[0].metrics["optim/step_skipped"] == 1 and type(sink.frames[0].metrics["optim/step_skipped"]) is int
+    assert read_journal(tmp_path / "j.jsonl").frames[0].metrics["optim/step_skipped"] is True
+
+
+# -- numpy scalars and 0-d tensors ---------------------------------------------------------------------
+
+
+def test_numpy_scalars_and_0d_tensors_on_the_available_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a machine with CUDA the tensors live on the GPU and come back in one copy per device;
+    without it the same test runs the CPU path (no skip)."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    stacked: list[str] = []
+    real_stack = torch.stack
+
+    def spy(tensors: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+        out = real_stack(tensors, *args, **kwargs)
+        stacked.append(out.device.type)
+        return out
+
+    monkeypatch.setattr(torch, "stack", spy)
+    chunk = {
+        "grpo_clip_frac": torch.tensor(0.25, device=device),
+        "grpo_valid_token_count": torch.tensor(8, device=device),
+        "grpo_kl_max": torch.tensor([1.5], device=device, dtype=torch.bfloat16),  # one element, any shape
+        "grpo_response_count": np.int64(3),
+        "grpo_response_len_max": np.array(12),  # a 0-d numpy array
+        "grpo_kl_mean": np.longdouble(0.125),  # no Python twin: used to recurse forever
+        "grpo_loss": np.float32(0.5), "grpo_weight_sum": np.uint8(8),
+    }
+    plain = materialize([chunk])[0]
+    assert stacked == [device]  # the window's three tensors: one stacked copy from their device
+    assert plain["grpo_clip_frac"] == 0.25 and type(plain["grpo_valid_token_count"]) is int
+    got = reduce_one("grpo", chunk)
+    assert got == {"train/clip_frac": 0.25, "train/valid_token_count": 8, "train/kl_max": 1.5,
+                   "train/response_count": 3, "train/response_len_max": 12, "train/kl_mean": 0.125,
+                   "train/loss_avg": 0.5, "train/weight_sum": 8}
+    assert type(got["train/response_count"]) is int and type(got["train/kl_mean"]) is float
+    assert all(type(v) in (int, float) for v in got.values())  # plain Python out, never numpy or torch
+
+
+# -- huge ints ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [2**53 + 1, -(2**60), np.int64(2**60), torch.tensor(2**60), Fraction(10**400)])
+def test_ints_beyond_2_53_are_refused(tmp_path: Path, value: Any) -> None:
+    rejected(tmp_path, {"grpo_response_count": value}, "'grpo_response_count'")
+
+
+def test_2_53_itself_and_huge_floats_are_exact_in_the_journal(tmp_path: Path) -> None:
+    metrics = reduce_one("grpo", {"grpo_response_count": 2**53, "grpo_kl_max": 1e300})
+    assert metrics == {"train/response_count": 2**53, "train/kl_max": 1e300}
+    pub = Publisher([JournalSink(tmp_path / "j.jsonl")], adapters="grpo")
+    pub.start({})
+    pub.publish(Frame(1, metrics, "train", 1.0))
+    pub.close()
+    assert read_journal(tmp_path / "j.jsonl").frames[0].metrics == metrics
+
+
+# -- weights, unknown keys, labels -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("weight", [-4, math.nan, math.inf, -0.5])
+def test_negative_or_nonfinite_weights_are_refused(tmp_path: Path, weight: float) -> None:
+    rejected(tmp_path, {"grpo_clip_frac": 0.1, "grpo_valid_token_count": weight}, "'grpo_clip_frac'",
+             "'grpo_valid_token_count'", "finite and >= 0")
+
+
+def test_a_zero_weight_contributes_nothing() -> None:
+    got = reduce_metrics("grpo", [[{"grpo_clip_frac": 0.9, "grpo_valid_token_count": 0}],
+                                  [{"grpo_clip_frac": 0.1, "grpo_valid_token_count": 5}]])
+    assert got == {"train/clip_frac": 0.1, "train/valid_token_count": 5}
+    assert reduce_one("grpo", {"grpo_clip_frac": 0.9, "grpo_valid_token_count": 0}) == {
+        "train/clip_frac": 0.0, "train/valid_token_count": 0}  # no data reads 0.0 with weight 0
+
+
+def test_unknown_keys_are_refused_with_a_suggestion_and_ignored_keys_are_accepted(tmp_path: Path) -> None:
+    rejected(tmp_path, {"grpo_kl_maximum": 1.0}, "'grpo_kl_maximum'", "not declared", "grpo")
+    assert reduce_one("dpo", {"dpo_loss": 0.5, "dpo_weight_sum": 8}) == {"train/loss_avg": 0.5}  # declared as ignored
+
+
+def test_keys_that_are_not_strings_and_chunks_that_are_not_mappings_are_refused() -> None:
+    reducer = MetricReducer("grpo")
+    with pytest.raises(MetricsError, match=r"source names must be strings, got 1 \(int\)"):
+        reducer.add({1: 0.5})
+    with pytest.raises(MetricsError, match="mapping"):
+        reducer.add([("grpo_kl_max", 0.5)])  # type: ignore[arg-type]
+    with pytest.raises(MetricsError, match=r"per_rank_chunks\[1\].*strings"):
+        reduce_metrics("grpo", [[{"grpo_kl_max": 1.0}], [{None: 1.0}]])
+    with pytest.raises(MetricsError, match=r"per_rank_chunks\[0\] must be a list"):
+        reduce_metrics("grpo", [{"grpo_kl_max": 1.0}])  # type: ignore[list-item]
+    reducer.add({"grpo_kl_max": 0.5})
+    assert reducer.reduce(1).metrics == {"train/kl_max": 0.5}  # the refused chunks left no trace
+
+
+@pytest.mark.parametrize(("value", "shown"), [("stepped", "'stepped'"), (1, "1"), ("Applied", "'Applied'")])
+def test_a_label_outside_the_declared_set_is_refused(tmp_path: Path, value: Any, shown: str) -> None:
+    rejected(tmp_path, {"update_outcome": value}, "'update_outcome'", shown, "'applied'", "'skipped'")
+
+
+# -- steps -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("step", ["3", 1.5, None, True, 2**60, torch.tensor(1.0)])
+def test_a_step_that_is_not_an_integer_is_refused(step: Any) -> None:
+    reducer = MetricReducer("grpo")
+    reducer.add({"grpo_kl_max": 1.0})
+    with pytest.raises(MetricsError, match="step must be an integer"):
+        reducer.reduce(step)
+    assert reducer.pending_chunks == 0
+
+
+@pytest.mark.parametrize("step", [np.int64(7), torch.tensor(7), 7])
+def test_integer_steps_of_any_kind_become_a_plain_int(step: Any) -> None:
+    reducer = MetricReducer("grpo")
+    frame = reducer.reduce(step)
+    assert frame.step == 7 and type(frame.step) is int
+
+
+# -- sinks: steps backwards and repeated, names backends reject, an empty window ---------------------------
+
+LONG = "x" * 300
+ODD = MetricAdapter("odd", internal_prefix="odd_", metrics=[
+    Metric("loss", R.MEAN, "A plain key"),
+    Metric(LONG, R.MEAN, "A 300-character leaf (MLflow takes 250)"),
+    Metric("kl@0.5", R.MAX, "A leaf with a character MLflow rejects"),
+    Metric("with space", R.MEAN, "A leaf with a space"),
+])
+ODD_KEYS = ("train/loss", f"train/{LONG}", "train/kl@0.5", "train/with space")
+STEPS = [1, 2, 3, 2, 3, 3, 4]  # a resume from step 1 after reaching 3, then step 3 logged twice
+EMPTY_STEP = 5
+
+
+class Vendors:
+    def __init__(self, root: Path, pub: Publisher, frames: list[Frame], caught: list[str]) -> None:
+        self.root, self.pub, self.frames, self.caught = root, pub, frames, caught
+
+    def series(self, key: str) -> list[tuple[int, float]]:
+        return [(f.step, float(f.metrics[key])) for f in self.frames if key in f.metrics]
+
+
+@pytest.fixture(scope="module")
+def vendors(tmp_path_factory: pytest.TempPathFactory) -> Vendors:
+    from posttrain_metrics.integrations.mlflow import MlflowSink
+    from posttrain_metrics.integrations.tensorboard import TensorBoardSink
+    from posttrain_metrics.integrations.wandb import WandbSink
+
+    root = tmp_path_factory.mktemp("vendors")
+    sinks = [JournalSink(root / "journal.jsonl"), TensorBoardSink(log_dir=root / "tensorboard"),
+             MlflowSink(dir=root, experiment="bad-input"),
+             WandbSink(project="bad-input", dir=root, mode="offline", settings={"quiet": True})]
+    pub = Publisher(sinks, adapters=[ODD], run_id="badinput01", run_name="bad-input")
+    reducer = MetricReducer([ODD])
+    frames: list[Frame] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pub.start({})
+        for i, step in enumerate([*STEPS, EMPTY_STEP, 6]):
+            if step != EMPTY_STEP:
+                reducer.add({f"odd_{m.leaf}": float(i) + 0.5 for m in ODD.metrics.values()})
+            frame = reducer.reduce(step)
+            frame = Frame(frame.step, frame.metrics, frame.phase, 1_700_000_000.0 + i)
+            frames.append(frame)
+            pub.publish(frame)
+        pub.close()
+    import wandb
+
+    wandb.teardown()
+    assert pub.failures == {}, pub.failures
+    return Vendors(root, pub, frames, [str(w.message) for w in caught])
+
+
+def tensorboard_series(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(log_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def mlflow_series(root: Path) -> tuple[dict[str, list[tuple[int, float]]], Any]:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("bad-input").experiment_id])
+    return {key: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
+            for key in run.data.metrics}, run
+
+
+def wandb_rows(root: Path) -> list[dict[str, Any]]:
+    from posttrain_metrics.integrations.wandb_reader import read_offline_run
+
+    return [{k: v for k, v in row.items() if not k.startswith("_")} for row in read_offline_run(root).history]
+
+
+def test_steps_that_go_backwards_or_repeat_are_kept_by_every_sink(vendors: Vendors) -> None:
+    published = [*STEPS, 6]
+    journal = read_journal(vendors.root / "journal.jsonl")
+    assert [f.step for f in journal.frames] == [*STEPS, EMPTY_STEP, 6]  # every frame, in order
+    want = vendors.series("train/loss")
+    assert [s for s, _ in want] == published
+    # TensorBoard: every point in write order (the line goes back in x; nothing is purged)
+    tb = tensorboard_series(vendors.root / "tensorboard")
+    assert [(s, v) for s, v in tb["train/loss"]] == want
+    # MLflow: every point (a point is (step, timestamp, value): a re-logged step is a second point)
+    ml, _ = mlflow_series(vendors.root)
+    assert ml["train/loss"] == sorted(want)
+    # W&B: one row per frame on the trainer/step axis, never dropped by W&B's monotonic _step
+    rows = wandb_rows(vendors.root)
+    assert [(r["trainer/step"], r["train/loss"]) for r in rows] == want
+    # the doctor warns
+    (order,) = [f for f in run_checks(journal) if f.check == "step_order"]
+    assert order.steps == (2, 3) and "backwards or repeat" in order.explanation
+
+
+def test_names_a_backend_rejects_are_mapped_by_mlflow_only_and_kept_elsewhere(vendors: Vendors) -> None:
+    journal = read_journal(vendors.root / "journal.jsonl")
+    assert set(journal.frames[0].metrics) == set(ODD_KEYS)
+    assert set(tensorboard_series(vendors.root / "tensorboard")) == set(ODD_KEYS)  # TensorBoard: as is
+    rows = wandb_rows(vendors.root)
+    assert set(rows[0]) == {*ODD_KEYS, "trainer/step"}  # W&B: as is
+    assert [r[f"train/{LONG}"] for r in rows] == [v for _, v in vendors.series(f"train/{LONG}")]
+    ml, _ = mlflow_series(vendors.root)
+    (long_name,) = [k for k in ml if k.startswith("train/xxx")]
+    assert len(long_name) == 250 and long_name != f"train/{LONG}"  # cut to MLflow's limit + a short hash
+    assert set(ml) == {"train/loss", long_name, "train/kl_0.5", "train/with space"}
+    assert ml["train/kl_0.5"] == sorted(vendors.series("train/kl@0.5"))  # every point under the mapped name
+    mapped = [m for m in vendors.caught if "is not a valid MLflow name" in m]
+    assert len(mapped) == 2 and any("'train/kl@0.5'" in m and "'train/kl_0.5'" in m for m in mapped)
+
+
+def test_an_empty_window_is_in_the_journal_only(
+    vendors: Vendors, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from posttrain_metrics.cli import main
+    from posttrain_metrics.core import catalog
+
+    monkeypatch.setitem(catalog._REGISTRY, ODD.name, ODD)  # export looks the journal's adapters up by name
+
+    journal = read_journal(vendors.root / "journal.jsonl")
+    (empty,) = [f for f in journal.frames if f.step == EMPTY_STEP]
+    assert dict(empty.metrics) == {}
+    assert vendors.pub.empty_frames == 1
+    assert sum("has no metrics" in m for m in vendors.caught) == 1
+    assert EMPTY_STEP not in [s for s, _ in tensorboard_series(vendors.root / "tensorboard")["train/loss"]]
+    ml, _ = mlflow_series(vendors.root)
+    assert all(EMPTY_STEP not in [s for s, _ in points] for points in ml.values())
+    assert EMPTY_STEP not in [r["trainer/step"] for r in wandb_rows(vendors.root)]  # no row without values
+    findings = run_checks(journal)  # the doctor reads it
+    assert "step_order" in {f.check for f in findings}
+    # export skips it, so exporting twice is still idempotent
+    target = tmp_path / "tb"
+    argv = ["export", str(vendors.root / "journal.jsonl"), "--to", "tensorboard", str(target), "--quiet"]
+    assert main(argv) == 0
+    assert f"exported {len(STEPS) + 1} of {len(STEPS) + 2} frames" in capsys.readouterr().out
+    assert main(argv) == 0
+    assert "nothing to export" in capsys.readouterr().out
+    assert tensorboard_series(target)["train/loss"] == tensorboard_series(vendors.root / "tensorboard")["train/loss"]
+
+
+def test_reduce_with_no_add_gives_a_frame_with_no_metrics_on_every_path() -> None:
+    assert MetricReducer(GRPO_ADAPTERS).reduce(4).metrics == {}
+    assert reduce_metrics(GRPO_ADAPTERS, [[], []]) == {}
+    sink = MemorySink()
+    with pytest.warns(UserWarning, match="step 4 has no metrics"):
+        pub = Publisher([sink], adapters=GRPO_ADAPTERS, background=False)
+        pub.start({})
+        pub.publish(Frame(4, {}))
+    pub.publish(Frame(5, {}))  # warned once, counted every time
+    pub.close()
+    assert sink.frames == [] and pub.empty_frames == 2
+
+
+# -- reduce called by only some ranks -------------------------------------------------------------------
+
+GLOO_TIMEOUT_S = 5
+
+
+class FakeDist(types.SimpleNamespace):
+    """torch.distributed as seen by posttrain_metrics.core.distributed, whose collectives time out."""
+
+
+def fake_dist(world: int) -> FakeDist:
+    def timeout(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("[gloo] Timed out waiting 5000ms for recv operation to complete")
+
+    return FakeDist(
+        is_available=lambda: True, is_initialized=lambda: True, get_rank=lambda group=None: 0,
+        get_world_size=lambda group=None: world, get_backend=lambda group=None: "gloo",
+        ReduceOp=types.SimpleNamespace(SUM="sum", MAX="max"), all_reduce=timeout,
+        all_gather_into_tensor=timeout,
+    )
+
+
+@pytest.mark.parametrize(("world", "first", "collective"), [
+    (2, True, "layout handshake all_reduce(MAX)"), (2, False, "all_gather"), (65, False, "all_reduce(SUM)")])
+def test_a_collective_that_fails_says_which_the_step_and_the_fix(
+    monkeypatch: pytest.MonkeyPatch, world: int, first: bool, collective: str
+) -> None:
+    monkeypatch.setitem(sys.modules, "torch.distributed", fake_dist(world))
+    reducer = MetricReducer("grpo")
+    reducer._verified = not first  # past the first step's handshake, or not
+    reducer.add({"grpo_kl_max": 1.0})
+    with pytest.raises(MetricsError) as info:
+        reducer.reduce(12)
+    text = str(info.value)
+    for part in (f"the {collective} collective of step 12", "on rank 0", "Timed out", "reduce(12)",
+                 "every rank", "init_process_group(timeout=...)", "Fix"):
+        assert part in text, f"{part!r} not in {text!r}"
+    assert isinstance(info.value.__cause__, RuntimeError)
+
+
+def _skipping_worker(rank: int, store: str, results: Any, release: Any) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    outcome: tuple[str, Any, float] = ("crash", "never ran", 0.0)
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2,
+                                timeout=datetime.timedelta(seconds=GLOO_TIMEOUT_S))
+        reducer = MetricReducer("grpo")
+        reducer.add({"grpo_kl_max": float(rank)})
+        first = dict(reducer.reduce(1).metrics)  # both ranks: the handshake and step 1
+        if rank == 1:
+            results.put((rank, ("skipped", first, 0.0)))
+            release.wait(60)  # alive but never calls reduce(2): rank 0 waits in the collective
+            return
+        reducer.add({"grpo_kl_max": 2.0})
+        start = time.monotonic()
+        try:
+            reducer.reduce(2)
+            outcome = ("ok", first, time.monotonic() - start)
+        except MetricsError as exc:
+            outcome = ("MetricsError", str(exc), time.monotonic() - start)
+    except Exception:
+        outcome = ("crash", traceback.format_exc(), 0.0)
+    results.put((rank, outcome))
+
+
+@pytest.mark.timeout(90)
+def test_reduce_called_by_only_some_ranks_times_out_with_a_clear_error(tmp_path: Path) -> None:
+    ctx = mp.get_context("spawn")
+    results, release = ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=_skipping_worker, args=(r, str(tmp_path / "store"), results, release), daemon=True)
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    got: dict[int, tuple[str, Any, float]] = {}
+    deadline = time.monotonic() + 75
+    try:
+        while len(got) < 2 and time.monotonic() < deadline:
+            try:
+                rank, outcome = results.get(timeout=0.5)
+            except queue_module.Empty:
+                continue
+            got[rank] = outcome
+    finally:
+        release.set()
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    assert sorted(got) == [0, 1], f"only ranks {sorted(got)} reported: {got}"
+    assert got[1][0] == "skipped" and got[1][1] == {"train/kl_max": 1.0}
+    status, text, waited = got[0]
+    assert status == "MetricsError", f"rank 0: {status} {text}"
+    for part in ("all_gather collective of step 2", "on rank 0", "reduce(2)", "every rank", "timeout"):
+        assert part in text, f"{part!r} not in {text!r}"
+    # it is the process group's timeout that ends the wait: not at once, and not forever
+    assert GLOO_TIMEOUT_S - 0.5 <= waited < GLOO_TIMEOUT_S + 20, waited
+    print(f"[figure] rank 1 skipped reduce(2): rank 0 raised after {waited:.1f} s: {text}")
+
+
+# -- the table ---------------------------------------------------------------------------------------------
+
+
+def test_every_row_of_the_bad_input_table_names_a_test_that_exists() -> None:
+    import re
+
+    root = Path(__file__).resolve().parent
+    table = (root.parent / "docs" / "bad-input.md").read_text()
+    rows = [line for line in table.splitlines()
+            if line.startswith("| ") and not line.startswith(("| input", "| ---"))]
+    inputs = " ".join(row.split(" | ")[0] for row in rows)
+    for case in ("NaN", "±inf", "string for a numeric key", "Bools", "numpy scalars", "0-d", "CUDA", "2**53",
+                 "negative, NaN or infinite weight", "unknown key", "label outside", "backwards", "repeat",
+                 "long key names", "names a backend rejects", "empty window", "only some ranks"):
+        assert case in inputs, f"no row for {case!r}"  # every case issue 6 lists
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split(" | ")]
+        assert len(cells) == 3, row
+        names = re.findall(r"`(tests/[\w/]+\.py)::(\w+)`", cells[2])
+        assert names, f"row without a test: {row}"
+        for path, name in names:
+            source = (root.parent / path).read_text()
+            assert re.search(rf"^(?:async )?def {name}\(", source, re.M), f"{path}::{name} does not exist"
+
+
+
+@pytest.mark.parametrize("run_id", ["../../x", "a/b", "x' OR '1'='1", ".hidden", "-rf", "", "x" * 129, 7,
+                                    "run\n"])
+def test_an_unsafe_run_id_is_refused_at_construction(run_id: Any) -> None:
+    from posttrain_metrics.callbacks import MetricsCallback
+
+    with pytest.raises(MetricsError, match="not a safe run id"):
+        Publisher([MemorySink()], adapters="grpo", run_id=run_id)
+    with pytest.raises(MetricsError, match="not a safe run id"):
+        MetricsCallback(adapters=["grpo"], sinks=[{"type": "memory"}], run_id=run_id)
+    assert Publisher([MemorySink()], adapters="grpo", run_id="grpo-7b_v1.2").run_id == "grpo-7b_v1.2"

@@ -1,0 +1,218 @@
+"""Fuzz (hypothesis): random metric dicts into the reducer, random journal lines into the reader.
+
+Nothing but ``MetricsError`` may come out, nothing may hang (bounded examples, a deadline per example
+and a timeout per test), and nothing published before a bad window is lost: every frame that was
+published is in the journal and the memory sink at the end, exactly, and a good window right after a
+bad one reduces to exactly what ``reduce_metrics`` gives for it alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import itertools
+import json
+import math
+import random
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from _runs import GRPO_ADAPTERS, grpo_chunk
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from posttrain_metrics import Frame, MetricReducer, MetricsError, get_adapter, reduce_metrics
+from posttrain_metrics.core.health import run_checks
+from posttrain_metrics.core.keys import describe
+from posttrain_metrics.integrations import JournalSink, MemorySink, Publisher, read_journal
+
+pytestmark = pytest.mark.timeout(120)
+
+ADAPTERS = [get_adapter(name) for name in GRPO_ADAPTERS]
+SOURCES = sorted(source for adapter in ADAPTERS for source in adapter.metrics)
+PUBLIC = set(describe(ADAPTERS))
+LABELS = ["applied", "skipped", "accumulating", "discarded", "nonfinite_loss", "bogus", ""]
+FUZZ = settings(deadline=datetime.timedelta(seconds=3), database=None, derandomize=True,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+# -- values of every kind a producer might hand us ------------------------------------------------------
+
+floats = st.floats(allow_nan=True, allow_infinity=True)
+finite32 = st.floats(width=32, allow_nan=True, allow_infinity=True)
+values = st.one_of(
+    floats,
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.integers(min_value=-10, max_value=10_000),
+    st.booleans(),
+    st.none(),
+    st.text(max_size=8),
+    st.sampled_from(LABELS),
+    st.lists(floats, max_size=3),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+    st.builds(np.float32, finite32),
+    st.builds(np.float64, floats),
+    st.builds(np.longdouble, st.floats(allow_nan=False, allow_infinity=False)),
+    st.builds(np.int64, st.integers(min_value=-(2**63), max_value=2**63 - 1)),
+    st.builds(np.bool_, st.booleans()),
+    st.builds(np.str_, st.sampled_from(LABELS)),
+    st.builds(lambda x: torch.tensor(x, dtype=torch.float64), floats),
+    st.builds(lambda x: torch.tensor(x, dtype=torch.float32), finite32),
+    st.builds(lambda x: torch.tensor(x, dtype=torch.int64), st.integers(min_value=-(2**62), max_value=2**62)),
+    st.builds(torch.tensor, st.booleans()),
+    st.builds(lambda xs: torch.tensor(xs, dtype=torch.float32), st.lists(finite32, max_size=3)),
+    st.builds(lambda x: torch.tensor([x]), st.integers(min_value=0, max_value=100)),
+)
+keys: st.SearchStrategy[Any] = st.one_of(
+    st.sampled_from(SOURCES), st.sampled_from(SOURCES), st.text(max_size=12),
+    st.sampled_from(["grpo_kl_maximum", "loss", "", "dpo_weight_sum", "x" * 300]),
+    st.sampled_from([1, None, ("grpo_kl_max",), b"grpo_kl_max"]),  # not a string at all
+)
+chunks = st.dictionaries(keys, values, max_size=8)
+windows = st.lists(chunks, max_size=3)
+
+
+def good_window(step: int) -> list[dict[str, Any]]:
+    rng = random.Random(step)
+    return [grpo_chunk(rng, step, last=c == 1) for c in range(2)]
+
+
+def same(a: Any, b: Any) -> bool:
+    return type(a) is type(b) and (a == b or (isinstance(a, float) and math.isnan(a) and math.isnan(b)))
+
+
+def assert_plain(frame: Frame) -> None:
+    for key, value in frame.metrics.items():
+        assert key in PUBLIC, key
+        assert type(value) in (bool, int, float, str), (key, type(value))
+
+
+def test_random_windows_raise_only_metrics_error_and_lose_nothing(tmp_path: Path) -> None:
+    memory = MemorySink()
+    pub = Publisher([JournalSink(tmp_path / "journal.jsonl"), memory], adapters=GRPO_ADAPTERS, background=False)
+    pub.start({})
+    reducer = MetricReducer(GRPO_ADAPTERS)
+    published: list[Frame] = []
+    steps = itertools.count(1)
+    outcomes = {"frame": 0, "MetricsError": 0}
+
+    @settings(FUZZ, max_examples=250)
+    @given(window=windows)
+    def run(window: list[dict[str, Any]]) -> None:
+        step = next(steps)
+        try:
+            for chunk in window:
+                reducer.add(chunk)
+            frame = reducer.reduce(step)
+        except MetricsError:
+            outcomes["MetricsError"] += 1
+            with contextlib.suppress(MetricsError):  # add() refused a chunk: drop what it had added
+                reducer.reduce(step)
+        else:
+            outcomes["frame"] += 1
+            assert_plain(frame)
+            pub.publish(frame)
+            published.append(frame)
+        assert reducer.pending_chunks == 0  # the window is gone, good or bad
+        good = good_window(step)
+        for chunk in good:
+            reducer.add(chunk)
+        after = reducer.reduce(step)
+        assert dict(after.metrics) == reduce_metrics(GRPO_ADAPTERS, [good])  # nothing of the bad window
+        pub.publish(after)
+        published.append(after)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # empty windows and non-finite values are warned about once
+        run()
+        pub.close()
+    assert outcomes["frame"] > 10 and outcomes["MetricsError"] > 10, outcomes  # both paths were explored
+    journal = read_journal(tmp_path / "journal.jsonl")
+    assert len(journal.frames) == len(published)
+    for got, want in zip(journal.frames, published):  # every frame ever published, exactly
+        assert got.step == want.step and got.metrics.keys() == want.metrics.keys()
+        assert all(same(got.metrics[k], v) for k, v in want.metrics.items()), want.step
+    assert [f.step for f in memory.frames] == [f.step for f in published if f.metrics]
+
+
+@settings(FUZZ, max_examples=150)
+@given(per_rank=st.lists(windows, min_size=1, max_size=3))
+def test_random_ranks_raise_only_metrics_error(per_rank: list[list[dict[str, Any]]]) -> None:
+    try:
+        metrics = reduce_metrics(GRPO_ADAPTERS, per_rank)
+    except MetricsError:
+        return
+    assert_plain(Frame(0, metrics))
+    if len(per_rank) == 1:  # one rank: the in-process reducer agrees
+        reducer = MetricReducer(GRPO_ADAPTERS)
+        for chunk in per_rank[0]:
+            reducer.add(chunk)
+        local = reducer.reduce(1).metrics
+        assert local.keys() == metrics.keys()
+        assert all(same(local[k], v) or (isinstance(v, float) and math.isclose(local[k], v))
+                   for k, v in metrics.items())
+
+
+# -- journal lines -------------------------------------------------------------------------------------------
+
+HEADER = {"format": "posttrain-metrics-journal", "version": 1, "kind": "header", "run_id": "fuzz01",
+          "name": "fuzz", "created": 0, "adapters": ["grpo"], "config": {"rl/kl_beta": 0.04}}
+json_scalars = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(2**80), max_value=2**80),
+                         st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=6))
+json_values = st.recursive(json_scalars, lambda inner: st.one_of(
+    st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=4), inner, max_size=3)), max_leaves=8)
+metric_values = st.one_of(
+    st.floats(allow_nan=False, allow_infinity=False), st.integers(min_value=-(2**60), max_value=2**60),
+    st.booleans(), st.sampled_from(LABELS),
+    st.sampled_from([{"$float": "NaN"}, {"$float": "Infinity"}, {"$float": "-Infinity"}]),
+    st.builds(lambda v: {"$float": v}, json_values), json_values,
+)
+frames = st.fixed_dictionaries(
+    {"kind": st.just("frame"), "run_id": st.just("fuzz01"),
+     "step": st.one_of(st.integers(min_value=-5, max_value=10**6), json_values),
+     "metrics": st.one_of(st.dictionaries(st.sampled_from(sorted(PUBLIC)) | st.text(max_size=6), metric_values,
+                                          max_size=5), json_values)},
+    optional={"phase": st.sampled_from(["train", "val"]) | json_values,
+              "time": st.floats(allow_nan=False) | json_values},
+)
+records = st.one_of(
+    frames, frames, frames,
+    st.fixed_dictionaries({"kind": st.sampled_from(["end", "header", "nope"]), "status": json_values}),
+    st.builds(lambda h: {**HEADER, **h}, st.dictionaries(st.sampled_from(sorted(HEADER)), json_values, max_size=2)),
+    json_values,
+)
+lines = st.one_of(
+    records.map(lambda r: json.dumps(r, separators=(",", ":"))),
+    records.map(lambda r: json.dumps(r)).flatmap(lambda s: st.integers(0, len(s)).map(lambda n: s[:n])),  # cut
+    st.text(max_size=40),  # garbage
+    st.sampled_from(["NaN", "Infinity", '{"kind":"frame","step":Infinity,"metrics":{}}', "1e999999", "9" * 5000,
+                     '{"kind":"frame","step":1e400,"metrics":{}}', "\x00\x00", "{" * 50]),
+    st.integers(min_value=1, max_value=200_000).map(lambda n: "[" * n + "]" * n),  # deep nesting
+    st.integers(min_value=1, max_value=50_000).map(lambda n: '{"a":' * n + "1" + "}" * n),
+)
+
+
+@settings(FUZZ, max_examples=300)
+@given(head=st.one_of(st.just(json.dumps(HEADER)), lines), body=st.lists(lines, max_size=6), newline=st.booleans())
+def test_random_journal_lines_raise_only_metrics_error(head: str, body: list[str], newline: bool) -> None:
+    text = "\n".join([head, *body]) + ("\n" if newline else "")
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "journal.jsonl"
+        path.write_text(text, encoding="utf-8")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                journal = read_journal(path)
+            except MetricsError:
+                return
+    for warning in caught:  # the only warning: a torn last line, and only without a final newline
+        assert "torn last line" in str(warning.message) and not newline, warning.message
+    for frame in journal.frames:
+        assert type(frame.step) is int
+        assert all(type(v) in (bool, int, float, str) for v in frame.metrics.values())
+    with contextlib.suppress(MetricsError):
+        run_checks(journal)  # the doctor reads whatever the reader accepted

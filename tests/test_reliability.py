@@ -1,0 +1,521 @@
+"""Reliability and security, for real: trackers that die, crawl or get killed with us; secrets; hostile
+journals.
+
+- A real MLflow server is SIGKILLed mid-run and restarted later on the same port and store; the
+  loop never waits for it, and every step ends up in ``get_metric_history`` exactly once.
+- A slow proxy answers every MLflow request after 2 s: 20 training steps still take well under 5 s.
+- A training process is SIGKILLed at a random step: the journal holds every step before the kill,
+  and ``posttrain-metrics export`` brings TensorBoard and the MLflow store to exactly its content.
+- A secret planted in the run config is in no byte any backend stored.
+- A hostile journal given to ``export`` and ``doctor`` is refused clearly and writes nothing outside.
+
+Figures (steps while down, publish times, recovery, overhead) are printed; run with ``-s`` to see them.
+"""
+
+from __future__ import annotations
+
+import http.client
+import http.server
+import json
+import logging
+import math
+import os
+import random
+import signal
+import statistics
+import struct
+import subprocess
+import sys
+import threading
+import time
+import uuid
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+from _mlflow_server import SERVER_STORES, free_port, start_server, stop_server
+from _runs import GRPO_ADAPTERS, grpo_chunk
+from mlflow import MlflowClient
+
+from posttrain_metrics import Frame, MetricReducer
+from posttrain_metrics.cli import main
+from posttrain_metrics.integrations import JournalSink, Publisher, read_journal
+from posttrain_metrics.integrations.mlflow import RUN_ID_TAG, MlflowSink
+from posttrain_metrics.integrations.publisher import display_frame
+from posttrain_metrics.integrations.tensorboard import TensorBoardSink
+from posttrain_metrics.integrations.wandb import WandbSink
+
+TESTS = Path(__file__).resolve().parent
+HTTP_ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_HTTP_REQUEST_MAX_RETRIES",
+            "MLFLOW_HTTP_REQUEST_TIMEOUT", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR")
+
+
+@pytest.fixture(autouse=True)
+def clean_env() -> Iterator[None]:
+    """The MLflow sink sets MLflow's HTTP variables for the process: each test starts and ends clean."""
+    saved = dict(os.environ)
+    for var in HTTP_ENV:
+        os.environ.pop(var, None)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def figure(text: str) -> None:
+    print(f"[figure] {text}")
+
+
+class Loop:
+    """A training loop: GRPO chunks reduced by a real MetricReducer, published; times every publish."""
+
+    def __init__(self, pub: Publisher, seed: int = 0) -> None:
+        self.pub = pub
+        self.reducer = MetricReducer(GRPO_ADAPTERS)
+        self.rng = random.Random(seed)
+        self.frames: list[Frame] = []
+        self.publish_s: list[float] = []
+        self.step_s: list[float] = []  # reduce + publish
+
+    def step(self) -> float:
+        n = len(self.frames) + 1
+        t0 = time.perf_counter()
+        for c in range(2):
+            self.reducer.add(grpo_chunk(self.rng, n, last=c == 1))
+        frame = self.reducer.reduce(n)
+        t1 = time.perf_counter()
+        self.pub.publish(frame)
+        t2 = time.perf_counter()
+        self.frames.append(frame)
+        self.publish_s.append(t2 - t1)
+        self.step_s.append(t2 - t0)
+        return t2 - t1
+
+
+def expected_series(frames: Sequence[Frame], pub: Publisher) -> dict[str, list[tuple[int, float]]]:
+    """Per numeric key, the (step, value) points a tracker must hold: label indicators, bools as 0/1."""
+    out: dict[str, list[tuple[int, float]]] = {}
+    for frame in frames:
+        for key, value in display_frame(frame, pub.keys).metrics.items():
+            if not isinstance(value, str):
+                out.setdefault(key, []).append((frame.step, float(value)))
+    return out
+
+
+def mlflow_series(client: MlflowClient, run_id: str) -> dict[str, list[tuple[int, float]]]:
+    return {key: sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+            for key in client.get_run(run_id).data.metrics}
+
+
+def assert_every_step_once(got: Mapping[str, list[tuple[int, float]]],
+                           want: Mapping[str, list[tuple[int, float]]]) -> None:
+    assert set(got) == set(want), f"extra {set(got) - set(want)}, missing {set(want) - set(got)}"
+    for key, points in want.items():
+        assert got[key] == sorted(points), f"{key}: {len(got[key])} points, want {len(points)}"
+
+
+# -- 1. the MLflow server is killed mid-run and restarted later ------------------------------------------
+
+
+def test_a_killed_mlflow_server_restarted_later_holds_every_step_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # MLflow logs one ERROR per failed request while the server is down: the sink's one warning says it
+    caplog.set_level(logging.CRITICAL, logger="mlflow.utils.async_logging.async_logging_queue")
+    root, port = tmp_path / "server", free_port()
+    proc, uri = start_server(root, port)
+    servers = [proc]
+    try:
+        sink = MlflowSink(tracking_uri=uri, experiment="killed-server", http_max_retries=0,
+                          http_backoff_factor=0, http_timeout=5, drain_timeout=60)
+        pub = Publisher([JournalSink(tmp_path / "journal.jsonl"), sink], adapters=GRPO_ADAPTERS,
+                        run_id="killedserver01")
+        pub.start({"rl": {"kl_beta": 0.04}})
+        loop = Loop(pub)
+        client = MlflowClient(uri)
+        for _ in range(5):
+            loop.step()
+            time.sleep(0.05)
+        deadline = time.monotonic() + 30  # the first steps are in before the kill
+        while len(client.get_metric_history(sink.run_id, "train/loss_avg")) < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+        os.killpg(proc.pid, signal.SIGKILL)  # the server and its uvicorn worker die mid-run
+        proc.wait(10)
+        down_from = len(loop.frames)
+        killed_at = time.monotonic()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(10):  # down: nothing answers on the port
+                loop.step()
+                time.sleep(0.1)
+            assert sink.degraded
+            restarted: list[Any] = []
+            thread = threading.Thread(target=lambda: restarted.append(start_server(root, port)), daemon=True)
+            thread.start()
+            while thread.is_alive():  # the server restarts (same port, same store); the loop goes on
+                loop.step()
+                time.sleep(0.1)
+            thread.join()
+            assert restarted, "the server did not come back"
+            servers.append(restarted[0][0])
+            up_at = time.monotonic()
+            down_steps = len(loop.frames) - down_from
+            max_down_publish = max(loop.publish_s[down_from:])
+            while sink.degraded and time.monotonic() - up_at < 30:
+                loop.step()
+                time.sleep(0.1)
+            recovered_s = time.monotonic() - up_at
+            assert not sink.degraded, "the sink did not recover within 30 s of the server's return"
+            for _ in range(5):
+                loop.step()
+                time.sleep(0.05)
+            t0 = time.monotonic()
+            pub.close()
+            drained_s = time.monotonic() - t0
+        messages = [str(w.message) for w in caught]
+        assert sum("degraded" in m for m in messages) == 1  # one warning, not one per step
+        assert any("answers again" in m for m in messages)
+        assert max_down_publish < 0.25, loop.publish_s[down_from:]  # no step waited on the dead server
+        assert pub.failures == {} and sink.dropped == 0 and sink.unconfirmed == 0
+        assert_every_step_once(mlflow_series(client, sink.run_id), expected_series(loop.frames, pub))
+        assert client.get_run(sink.run_id).info.status == "FINISHED"
+        figure(f"outage: {down_steps} steps while the server was down ({up_at - killed_at:.1f} s, restart "
+               f"included); max publish while down {1000 * max_down_publish:.2f} ms; recovered "
+               f"{recovered_s:.2f} s after the server answered /health; close drained in {drained_s:.2f} s; "
+               f"{len(loop.frames)} steps in MLflow exactly once")
+    finally:
+        for server in servers:
+            stop_server(server)
+
+
+# -- 2. a tracker that answers after 2 s ------------------------------------------------------------------
+
+
+class SlowProxy:
+    """An HTTP proxy on 127.0.0.1 that forwards every request to ``target`` after ``delay`` seconds.
+
+    Threaded, bounded (at most ``max_requests`` in flight; more get 503), and it stops itself after
+    ``lifetime`` seconds if the test does not stop it first."""
+
+    def __init__(self, target: str, *, delay: float = 2.0, max_requests: int = 32, lifetime: float = 180.0) -> None:
+        self.target = urlsplit(target)
+        self.delay = delay
+        self.slots = threading.BoundedSemaphore(max_requests)
+        self.lifetime = lifetime
+        self.requests = 0
+        self.lock = threading.Lock()
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _forward(self) -> None:
+                proxy.forward(self)
+
+            do_GET = do_POST = do_PATCH = do_PUT = do_DELETE = _forward
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.uri = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._timer = threading.Timer(lifetime, self.stop)
+        self._timer.daemon = True
+
+    def start(self) -> SlowProxy:
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self._timer.start()
+        return self
+
+    def stop(self) -> None:
+        self._timer.cancel()
+        self.server.shutdown()
+        self.server.server_close()
+
+    def forward(self, handler: http.server.BaseHTTPRequestHandler) -> None:
+        if not self.slots.acquire(blocking=False):
+            handler.send_error(503, "slow proxy: too many requests in flight")
+            return
+        try:
+            with self.lock:
+                self.requests += 1
+            length = int(handler.headers.get("Content-Length") or 0)
+            body = handler.rfile.read(length) if length else None
+            time.sleep(self.delay)
+            headers = {k: v for k, v in handler.headers.items() if k.lower() not in ("host", "connection")}
+            upstream = http.client.HTTPConnection(self.target.hostname, self.target.port, timeout=60)
+            try:
+                upstream.request(handler.command, handler.path, body=body, headers=headers)
+                response = upstream.getresponse()
+                data = response.read()
+                handler.send_response(response.status)
+                for key, value in response.getheaders():
+                    if key.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        handler.send_header(key, value)
+                handler.send_header("Content-Length", str(len(data)))
+                handler.send_header("Connection", "close")
+                handler.end_headers()
+                handler.wfile.write(data)
+            finally:
+                upstream.close()
+        finally:
+            self.slots.release()
+
+
+def test_a_tracker_that_answers_after_2_s_costs_the_steps_nothing(tmp_path: Path, mlflow_server: str) -> None:
+    proxy = SlowProxy(mlflow_server, delay=2.0).start()
+    try:
+        sink = MlflowSink(tracking_uri=proxy.uri, experiment=f"slow-{uuid.uuid4().hex[:8]}", http_timeout=30,
+                          drain_timeout=120)
+        pub = Publisher([JournalSink(tmp_path / "journal.jsonl"), sink], adapters=GRPO_ADAPTERS)
+        t0 = time.perf_counter()
+        pub.start({"rl": {"kl_beta": 0.04}})
+        start_s = time.perf_counter() - t0
+        loop = Loop(pub)
+        t0 = time.perf_counter()
+        for _ in range(20):
+            loop.step()
+            time.sleep(0.02)  # the step's own compute
+        total_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        pub.close()
+        close_s = time.perf_counter() - t0
+    finally:
+        proxy.stop()
+    assert total_s < 5.0, total_s  # 20 steps, when one request alone takes 2 s
+    assert max(loop.step_s) < 0.5, loop.step_s
+    assert pub.failures == {} and sink.unconfirmed == 0 and sink.dropped == 0
+    assert proxy.requests >= 5  # the requests really went through the slow proxy
+    client = MlflowClient(mlflow_server)
+    assert_every_step_once(mlflow_series(client, sink.run_id), expected_series(loop.frames, pub))
+    assert client.get_run(sink.run_id).info.status == "FINISHED"
+    figure(f"slow tracker (2 s per request): 20 steps in {total_s:.2f} s (0.40 s of it the simulated "
+           f"compute); reduce+publish per step median {1000 * statistics.median(loop.step_s):.2f} ms, max "
+           f"{1000 * max(loop.step_s):.2f} ms; publish alone median {1000 * statistics.median(loop.publish_s):.3f} "
+           f"ms; start() {start_s:.1f} s (synchronous: find or create the run); close() drained in "
+           f"{close_s:.1f} s; {proxy.requests} requests")
+
+
+# -- 3. the training process is SIGKILLed at a random step ------------------------------------------------
+
+KILL_SEED = 6
+TRAIN = """
+import random, sys, time
+sys.path.insert(0, {tests!r})
+from _runs import grpo_chunk
+from posttrain_metrics.callbacks import MetricsCallback
+
+cb = MetricsCallback(
+    adapters=["grpo", "reward", "trainer"], out_dir=sys.argv[1], run_id="killedrun01", run_name="killed",
+    sinks=[{{"type": "journal"}}, {{"type": "tensorboard"}}, {{"type": "mlflow", "experiment": "killed"}}],
+)
+cb.on_run_start({{"rl": {{"kl_beta": 0.04}}, "mlflow": {{"experiment": "killed"}}}})
+rng = random.Random(0)
+for step in range(1, 100000):
+    for c in range(2):
+        cb.on_chunk_end(grpo_chunk(rng, step, last=c == 1))
+    cb.on_window_end(step)
+    time.sleep(0.01)
+"""
+
+
+def frames_in(path: Path) -> int:
+    try:
+        return path.read_bytes().count(b'"kind":"frame"')
+    except FileNotFoundError:
+        return 0
+
+
+def f32(value: float) -> float:
+    return struct.unpack("<f", struct.pack("<f", value))[0] if math.isfinite(value) else value
+
+
+def tensorboard_series(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(log_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    return {tag: sorted((e.step, e.value) for e in events.Scalars(tag)) for tag in events.Tags()["scalars"]}
+
+
+def test_a_run_killed_at_a_random_step_is_whole_in_the_journal_and_export_completes_the_trackers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "run"
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN.format(tests=str(TESTS)))
+    kill_step = random.Random(KILL_SEED).randint(5, 40)
+    journal_path = out / "journal.jsonl"
+    proc = subprocess.Popen([sys.executable, str(script), str(out)], stdout=subprocess.DEVNULL,
+                            stderr=open(tmp_path / "train.stderr", "wb"))  # noqa: SIM115
+    try:
+        deadline = time.monotonic() + 90
+        while frames_in(journal_path) < kill_step:
+            assert proc.poll() is None, (tmp_path / "train.stderr").read_text()[-3000:]
+            assert time.monotonic() < deadline, f"only {frames_in(journal_path)} frames after 90 s"
+            time.sleep(0.005)
+        os.kill(proc.pid, signal.SIGKILL)
+        assert proc.wait(10) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+    text = journal_path.read_text()
+    lines = text.split("\n")
+    complete = lines[:-1]  # everything before the last newline
+    assert all(json.loads(line) for line in complete)  # every complete line is a whole record
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        journal = read_journal(journal_path)
+    torn = lines[-1] != ""
+    assert bool(journal.warnings) == torn and any("torn last line" in str(w.message) for w in caught) == torn
+    steps = [f.step for f in journal.frames]
+    assert steps == list(range(1, len(steps) + 1)) and len(steps) >= kill_step  # every step before the kill
+    assert journal.end is None  # killed: no end record
+
+    for kind in ("tensorboard", "mlflow"):  # the same tensorboard dir and mlflow.db the live sinks used
+        assert main(["export", str(journal_path), "--to", kind, "--quiet"]) == 0
+    exported = capsys.readouterr().out
+    pub = Publisher([], adapters=journal.adapters)
+    want = expected_series(journal.frames, pub)
+    tb = tensorboard_series(out / "tensorboard")
+    assert set(tb) == set(want)
+    for key, points in want.items():
+        assert tb[key] == [(s, f32(v)) for s, v in points], key  # every step once, float32 values
+    client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
+    runs = [r for e in client.search_experiments()
+            for r in client.search_runs([e.experiment_id], filter_string=f"tags.`{RUN_ID_TAG}` = 'killedrun01'")]
+    assert len(runs) == 1, [(r.info.run_id, r.info.experiment_id) for r in runs]
+    assert_every_step_once(mlflow_series(client, runs[0].info.run_id), want)
+    for kind in ("tensorboard", "mlflow"):  # exporting again adds nothing
+        assert main(["export", str(journal_path), "--to", kind, "--quiet"]) == 0
+    again = capsys.readouterr().out
+    assert again.count("nothing to export") == 2, again
+    assert tensorboard_series(out / "tensorboard") == tb
+    assert_every_step_once(mlflow_series(client, runs[0].info.run_id), want)
+    figure(f"kill: SIGKILL at step {kill_step} (seed {KILL_SEED}); journal holds steps 1-{len(steps)}, "
+           f"torn last line: {torn}; export: {' / '.join(exported.strip().splitlines())}")
+
+
+# -- 4. secrets -----------------------------------------------------------------------------------------
+
+SECRETS = ("hf_PLANTEDSECRETabcdefghij0123456789", "PLANTED-PW-9f2c", "PLANTED-URI-PW-77e1",
+           "sk-PLANTEDopenaikey0123456789abcd", "PLANTED-BEARER-TOKEN-5a5a")
+SECRET_CONFIG = {
+    "hf_token": SECRETS[0],
+    "db": {"password": SECRETS[1]},
+    "uri": f"postgres://u:{SECRETS[2]}@h/db",
+    "note": SECRETS[3],  # a secret-looking value under an innocent key
+    "headers": {"Authorization": f"Bearer {SECRETS[4]}"},
+    "rl": {"kl_beta": 0.04, "max_tokens": 64},
+}
+
+
+def files_under(folder: Path) -> list[Path]:
+    return [p for p in folder.rglob("*") if p.is_file()]
+
+
+def test_a_planted_secret_is_in_no_byte_any_backend_stored(tmp_path: Path, mlflow_server: str) -> None:
+    root = tmp_path / "run"
+    embedded = MlflowSink(dir=root, experiment="secrets")
+    served = MlflowSink(tracking_uri=mlflow_server, experiment=f"secrets-{uuid.uuid4().hex[:8]}")
+    sinks = [JournalSink(root / "journal.jsonl"), TensorBoardSink(log_dir=root / "tensorboard"), embedded, served,
+             WandbSink(project="secrets", dir=root, mode="offline", settings={"quiet": True})]
+    pub = Publisher(sinks, adapters=GRPO_ADAPTERS, run_name="secrets", run_id="secretsrun01")
+    pub.start(SECRET_CONFIG)
+    loop = Loop(pub)
+    for _ in range(3):
+        loop.step()
+    pub.close()
+    import wandb
+
+    wandb.teardown()  # the offline run is complete on disk
+    assert pub.failures == {}
+    files = files_under(root) + files_under(SERVER_STORES[mlflow_server])
+    names = {p.name for p in files}
+    assert {"journal.jsonl", "mlflow.db"} <= names
+    assert any(n.startswith("events.out.tfevents") for n in names) and any(n.endswith(".wandb") for n in names)
+    assert any("hparams" in p.parts for p in files)  # the TensorBoard hparams session holds the config too
+    for path in files:
+        data = path.read_bytes()
+        for secret in SECRETS:
+            assert secret.encode() not in data, f"{secret!r} is in {path}"
+    for sink in (embedded, served):
+        run = MlflowClient(sink.tracking_uri).get_run(sink.run_id)
+        stored = json.dumps([run.data.params, run.data.tags, run.info.run_name])
+        assert "rl/kl_beta" in run.data.params and "***REDACTED***" in run.data.params["hf_token"]
+        assert run.data.params["uri"] == "postgres://u:***REDACTED***@h/db"
+        for secret in SECRETS:
+            assert secret not in stored, f"{secret!r} is in MLflow run {sink.run_id} ({sink.tracking_uri})"
+
+
+# -- 5. a hostile journal -----------------------------------------------------------------------------------
+
+FRAME = {"kind": "frame", "run_id": "hostile01", "step": 1, "phase": "train", "time": 1.7e9,
+         "metrics": {"train/kl_max": 0.5, "train/loss_avg": {"$float": "NaN"}}}
+
+
+def header(**fields: Any) -> dict[str, Any]:
+    return {"format": "posttrain-metrics-journal", "version": 1, "kind": "header", "run_id": "hostile01",
+            "name": "hostile", "created": 0, "adapters": ["grpo"], "config": {}, **fields}
+
+
+HOSTILE: dict[str, tuple[list[Any], str]] = {
+    # name: (lines, what the error says; "" = safe handling, exit 0)
+    "run_id traversal": ([header(run_id="../../x"), FRAME], "not a safe run id"),
+    "run_id quote": ([header(run_id="x' OR '1'='1"), FRAME], "not a safe run id"),
+    "run_id absolute": ([header(run_id="/tmp/x"), FRAME], "not a safe run id"),
+    "adapter traversal": ([header(adapters=["../../x"]), FRAME], "unknown adapter '../../x'"),
+    "adapters not a list": ([header(adapters=5), FRAME], "not a list of adapter names"),
+    "adapters of objects": ([header(adapters=[{"__class__": "os.system"}]), FRAME], "not a list of adapter names"),
+    "config not an object": ([header(config=["rm", "-rf"]), FRAME], "config"),
+    "$float not a float": ([header(), {**FRAME, "metrics": {"train/kl_max": {"$float": "__import__('os')"}}}],
+                           "malformed frame"),
+    "$float an object": ([header(), {**FRAME, "metrics": {"train/kl_max": {"$float": {"py/object": "os.system"}}}}],
+                         "malformed frame"),
+    "step infinite": ([header(), '{"kind":"frame","step":Infinity,"metrics":{}}'], "malformed frame"),
+    "step a string": ([header(), {**FRAME, "step": "1; rm -rf /"}], "malformed frame"),
+    "deep nesting": ([header(), "[" * 100_000 + "]" * 100_000], "not a journal line"),
+    "name traversal": ([header(name="../../x"), FRAME], ""),  # a display name: never a path
+}
+
+
+def entries(folder: Path) -> set[str]:
+    return {p.name for p in folder.iterdir()}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE))
+def test_a_hostile_journal_is_refused_or_harmless_and_writes_nothing_outside(
+    tmp_path: Path, case: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lines, error = HOSTILE[case]
+    folder = tmp_path / "a" / "b" / "run"
+    folder.mkdir(parents=True)
+    journal = folder / "journal.jsonl"
+    journal.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines))
+    work = tmp_path / "a" / "b" / "cwd"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    beside = entries(tmp_path.parent)  # the other tests' folders of this session
+    around = {str(p): p.stat().st_size for p in tmp_path.rglob("*") if p.is_file()}
+    commands = [["doctor", str(journal)],
+                ["export", str(journal), "--to", "tensorboard", "--quiet"],
+                ["export", str(journal), "--to", "mlflow", "--quiet"]]
+    for argv in commands:
+        code = main(argv)
+        err = capsys.readouterr().err
+        if error:
+            assert code == 2, (argv, err)
+            assert error in err and "Traceback" not in err, err
+        else:
+            assert code in (0, 1), (argv, err)
+    assert entries(tmp_path.parent) <= beside | {tmp_path.name}  # nothing new next to the test's folder
+    now = {str(p): p.stat().st_size for p in tmp_path.rglob("*") if p.is_file()}
+    changed = {p for p, size in now.items() if around.get(p) != size}
+    assert all(Path(p).is_relative_to(folder) for p in changed), sorted(changed)  # only the journal's folder
+    assert not list(tmp_path.rglob("x")) and not list(work.iterdir())  # no ../../x, nothing in the cwd
+    if error:
+        assert changed == set() and sorted(folder.iterdir()) == [journal]  # refused before any write
