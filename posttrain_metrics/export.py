@@ -12,42 +12,49 @@ steps repeat (a resumed run) is exported faithfully too.
 from __future__ import annotations
 
 import collections
-import math
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from .core.errors import MetricsError
 from .core.frame import Frame
+from .core.keys import KeyInfo
 from .integrations.base import Sink
 from .integrations.journal import Journal
-from .integrations.publisher import Publisher
+from .integrations.publisher import Publisher, display_frame, nonfinite_kind
 
 __all__ = ["export", "pending_frames"]
 
 Points = collections.Counter[tuple[str, int]]
 
 
-def _probe(frame: Frame) -> str | None:
-    """The key whose presence at the frame's step says the frame was written: its first finite
-    number (every sink writes a frame whole)."""
+def _probe(frame: Frame, stores: frozenset[str]) -> str | None:
+    """The key whose presence at the frame's step says the frame was written (every sink writes a
+    frame whole): its first number the target stores, label indicators included."""
     for key in sorted(frame.metrics):
         value = frame.metrics[key]
-        if not isinstance(value, str) and math.isfinite(float(value)):
+        if isinstance(value, str):
+            continue
+        kind = nonfinite_kind(float(value))
+        if kind is None or kind in stores:
             return key
     return None
 
 
-def pending_frames(frames: Iterable[Frame], existing: Points) -> list[Frame]:
-    """The frames whose probe point is not in ``existing`` yet (counting repeated steps). A frame
-    with no metrics (an empty window) is never pending: the publisher sends it to no tracker."""
+def pending_frames(
+    frames: Iterable[Frame], existing: Points, *, keys: Mapping[str, KeyInfo] | None = None,
+    stores: frozenset[str] = frozenset(),
+) -> list[Frame]:
+    """The frames whose probe point is not in ``existing`` yet (counting repeated steps), probed as
+    the target shows them (``keys`` adds the label indicators). A frame with no metrics (an empty
+    window) is never pending: the publisher sends it to no tracker."""
     seen: Points = collections.Counter()
     out = []
     for frame in frames:
         if not frame.metrics:
             continue
-        key = _probe(frame)
+        key = _probe(display_frame(frame, keys or {}), stores)
         if key is None:
             out.append(frame)
             continue
@@ -71,6 +78,21 @@ def _tensorboard_points(log_dir: Path) -> Points:
     for tag in events.Tags()["scalars"]:
         points.update((tag, e.step) for e in events.Scalars(tag))
     return points
+
+
+def _mlflow_run(uri: str, run_id: str) -> str | None:
+    """The MLflow run tagged with the journal's run id, in any experiment (a live sink's run)."""
+    from mlflow.tracking import MlflowClient
+
+    from .integrations.mlflow import RUN_ID_TAG
+
+    client = MlflowClient(tracking_uri=uri)
+    for experiment in client.search_experiments():
+        runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.`{RUN_ID_TAG}` = '{run_id}'",
+                                  max_results=1)
+        if runs:
+            return str(runs[0].info.run_id)
+    return None
 
 
 def _mlflow_points(uri: str, run_id: str, keys: Iterable[str]) -> Points:
@@ -116,7 +138,8 @@ def _target(journal: Journal, to: str, target: str | None) -> tuple[Sink, str, C
 
         uri = target or f"sqlite:///{(home / 'mlflow.db').resolve()}"
         experiment = journal.config.get("mlflow/experiment")
-        mlflow_sink = MlflowSink(tracking_uri=uri, dir=home, experiment=str(experiment) if experiment else None)
+        mlflow_sink = MlflowSink(tracking_uri=uri, dir=home, experiment=str(experiment) if experiment else None,
+                                 run_id=_mlflow_run(uri, journal.run_id))  # the run a live sink made, if any
         return mlflow_sink, uri, lambda: _mlflow_points(uri, journal.run_id, keys)
     if to == "wandb":
         from .integrations.wandb import WandbSink
@@ -131,13 +154,14 @@ def _target(journal: Journal, to: str, target: str | None) -> tuple[Sink, str, C
 def export(journal: Journal, to: str, target: str | None = None, *, quiet: bool = False) -> int:
     """Replay ``journal`` into ``to`` (``tensorboard``, ``mlflow`` or ``wandb``); 0 on success."""
     sink, where, existing = _target(journal, to, target)
-    todo = pending_frames(journal.frames, existing())
+    # synchronous: a replay outruns any tracker, and a background queue would drop frames
+    pub = Publisher([sink], adapters=journal.adapters, run_name=str(journal.header.get("name") or "") or None,
+                    run_id=journal.run_id, background=False)
+    todo = pending_frames(journal.frames, existing(), keys=pub.keys, stores=sink.stores_nonfinite)
     total = len(journal.frames)
     if not todo:
         print(f"nothing to export: all {total} frames of run {journal.run_id} are already in {where}")
         return 0
-    pub = Publisher([sink], adapters=journal.adapters, run_name=str(journal.header.get("name") or None),
-                    run_id=journal.run_id)
     pub.start(journal.config)
     progress = _Progress(len(todo), f"export -> {to}", quiet=quiet)
     failed = journal.end is not None and journal.end.get("status") == "failed"
@@ -148,7 +172,7 @@ def export(journal: Journal, to: str, target: str | None = None, *, quiet: bool 
     finally:
         pub.close(failed=failed)
         progress.done()
-    if pub.failures:
+    if pub.failures or pub.dropped:
         raise MetricsError(f"export to {where} failed ({pub.failures}); the target may be incomplete: run it again")
     print(f"exported {len(todo)} of {total} frames of run {journal.run_id} to {where} "
           f"({total - len(todo)} were already there)")

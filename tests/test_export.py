@@ -189,3 +189,22 @@ def test_a_torn_journal_exports_its_complete_lines(live: Path, tmp_path: Path, c
     out = export(torn, "tensorboard", str(tmp_path / "tb"), capsys=capsys)
     assert "exported 4 of 4 frames" in out
     assert read_journal(torn).warnings
+
+
+def test_a_long_journal_exports_every_frame_and_label_only_frames_once(tmp_path: Path, capsys) -> None:
+    journal = tmp_path / "run" / "journal.jsonl"
+    pub = Publisher([JournalSink(journal)], adapters=GRPO_ADAPTERS, run_id="long", background=False)
+    pub.start({})
+    base = dict(grpo_run(steps=1)[0].metrics)
+    for step in range(1, 3001):  # far more frames than a background queue holds
+        pub.publish(Frame(step, {**base, "train/loss_avg": step / 1000}))
+    pub.publish(Frame(3001, {"optim/update_outcome": "skipped"}))  # a frame holding only a label
+    pub.close()
+    target = tmp_path / "tb"
+    assert "exported 3001 of 3001 frames" in export(journal, "tensorboard", str(target), capsys=capsys)
+    series = tensorboard_series(target)
+    assert [s for s, _ in series["train/loss_avg"]] == list(range(1, 3001))
+    assert "nothing to export" in export(journal, "tensorboard", str(target), capsys=capsys)
+    skipped = tensorboard_series(target)["optim/update_outcome/skipped"]
+    assert [s for s, _ in skipped] == list(range(1, 3002))  # one point per step: none sent twice
+    assert skipped[-1] == (3001, 1.0)

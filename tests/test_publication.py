@@ -290,3 +290,113 @@ def test_structured_and_non_finite_configs_reach_the_journal(tmp_path):
     assert journal.config["optim/max_grad_norm"] == "inf" and journal.config["args/steps"] == 3
     assert journal.config["pad_token_id"] == 0
     assert "PLANTED" not in (tmp_path / "j.jsonl").read_text()
+
+
+def test_a_resumed_journal_survives_a_line_torn_by_the_crash(tmp_path):
+    path = tmp_path / "j.jsonl"
+    first = Publisher([JournalSink(path)], adapters=GRPO_ADAPTERS, run_id="runA", background=False)
+    first.start({})
+    for frame in grpo_run(steps=2):
+        first.publish(frame)
+    with open(path, "a") as f:
+        f.write('{"kind":"frame","run_id":"runA","st')  # killed mid-line, no end record
+    second = Publisher([JournalSink(path)], adapters=GRPO_ADAPTERS, run_id="runA", background=False)
+    with pytest.warns(UserWarning, match="torn by a crash"):
+        publish_more = second.start({})
+        assert publish_more.run_id == "runA"
+        for frame in grpo_run(steps=4)[2:]:
+            second.publish(frame)
+        second.close()
+        journal = read_journal(path)
+    assert [f.step for f in journal.frames] == [1, 2, 3, 4]
+    assert journal.end is not None and journal.end["status"] == "finished"
+
+
+def test_another_run_never_appends_to_a_journal(tmp_path):
+    path = tmp_path / "journal.jsonl"
+    publish(grpo_run(steps=2), [JournalSink(path)])
+    with pytest.warns(UserWarning, match="moved it to journal"):
+        pub = Publisher([JournalSink(path)], adapters=GRPO_ADAPTERS, run_id="second", background=False)
+        pub.start({})
+        pub.publish(grpo_run(steps=1)[0])
+        pub.close()
+    assert read_journal(path).run_id == "second" and len(read_journal(path).frames) == 1
+    (aside,) = [p for p in tmp_path.iterdir() if p.name != "journal.jsonl"]
+    assert len(read_journal(aside).frames) == 2
+
+
+def test_an_end_record_followed_by_more_frames_is_not_the_status(tmp_path):
+    path = tmp_path / "j.jsonl"
+    for _ in range(2):  # the same run, resumed once: its second session has not ended
+        pub = Publisher([JournalSink(path)], adapters=GRPO_ADAPTERS, run_id="same", background=False)
+        pub.start({})
+        pub.publish(grpo_run(steps=1)[0])
+        if _ == 0:
+            pub.close()
+    assert read_journal(path).end is None
+
+
+def test_two_sinks_with_one_name_are_refused():
+    with pytest.raises(MetricsError, match="two sinks are named"):
+        Publisher([MemorySink(), MemorySink()], adapters=GRPO_ADAPTERS)
+
+
+def test_an_import_error_while_writing_degrades_the_sink_and_keeps_its_thread(tmp_path):
+    class LazyVendor(MemorySink):
+        name = "lazy"
+        calls = 0
+
+        def write(self, frame):
+            LazyVendor.calls += 1
+            if LazyVendor.calls == 1:
+                raise ImportError("the vendor imported something lazily and failed")
+            super().write(frame)
+
+    sink = LazyVendor()
+    with pytest.warns(UserWarning, match="failed in write"):
+        pub = publish(grpo_run(steps=3), [sink])
+    assert [f.step for f in sink.frames] == [2, 3] and sink.closed is False and pub.failures == {"lazy": 1}
+
+
+def test_start_is_idempotent_and_publishing_after_close_is_counted():
+    sink = MemorySink()
+    pub = Publisher([sink], adapters=GRPO_ADAPTERS, background=False)
+    run = pub.start({"a": 1})
+    with pytest.warns(UserWarning, match="called again"):
+        assert pub.start({"b": 2}) is run
+    pub.close()
+    with pytest.warns(UserWarning, match="after close"):
+        pub.publish(grpo_run(steps=1)[0])
+    assert pub.after_close == 1 and sink.frames == []
+
+
+CRASH = """
+import sys
+sys.path.insert(0, sys.argv[2])
+from _runs import GRPO_ADAPTERS, grpo_run
+from posttrain_metrics.integrations import JournalSink, Publisher
+pub = Publisher([JournalSink(sys.argv[1])], adapters=GRPO_ADAPTERS)
+pub.start({})
+pub.publish(grpo_run(steps=1)[0])
+raise RuntimeError("training crashed; nobody called close()")
+"""
+
+
+def test_interpreter_exit_after_a_crash_records_a_failed_run(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    result = subprocess.run([sys.executable, "-c", CRASH, str(tmp_path / "j.jsonl"), str(Path(__file__).parent)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and "training crashed" in result.stderr
+    assert read_journal(tmp_path / "j.jsonl").end["status"] == "failed"
+
+
+def test_before_the_process_group_exists_the_launchers_rank_decides(monkeypatch):
+    from posttrain_metrics.core.distributed import global_rank
+
+    monkeypatch.setenv("RANK", "1")
+    assert global_rank() == 1 and not Publisher.publishes_here()
+    monkeypatch.setenv("RANK", "0")
+    assert Publisher.publishes_here()

@@ -6,6 +6,7 @@ torch.distributed has, and one that has not cannot be distributed.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -31,9 +32,16 @@ def group_rank_and_size(group: Any = None) -> tuple[int, int] | None:
 
 
 def global_rank() -> int:
-    """This process's global rank (0 when not distributed); read at call time, decided here only."""
+    """This process's global rank; read at call time, decided here only. Before the process group
+    exists, the launcher's ``RANK`` (torchrun, accelerate, Lightning) says it, so that a callback
+    started before ``init_process_group`` does not start sinks on every rank."""
     dist = _dist()
-    return 0 if dist is None else int(dist.get_rank())
+    if dist is not None:
+        return int(dist.get_rank())
+    try:
+        return int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return 0
 
 
 def _device(dist: Any, group: Any) -> str:

@@ -21,6 +21,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -74,7 +75,11 @@ class JournalSink:
     def start(self, run: RunInfo) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._run_id = run.run_id
+        self._set_aside_other_run(run.run_id)
+        torn = self.path.exists() and self.path.stat().st_size > 0 and not self._ends_with_newline()
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - held for the run
+        if torn:  # a crash mid-line: end that line so that the resumed run's lines stay whole
+            self._file.write("\n")
         self._line(
             {
                 "format": FORMAT,
@@ -87,6 +92,34 @@ class JournalSink:
                 "config": dict(run.config),
             }
         )
+
+    def _ends_with_newline(self) -> bool:
+        with open(self.path, "rb") as f:
+            f.seek(-1, os.SEEK_END)
+            return f.read(1) == b"\n"
+
+    def _set_aside_other_run(self, run_id: str) -> None:
+        """A journal holds one run: the same run id appends (a resumed run); another run's journal
+        at this path is renamed ``<stem>.<its run id>.jsonl`` first, never mixed into."""
+        if not self.path.exists() or self.path.stat().st_size == 0:
+            return
+        with open(self.path, encoding="utf-8", errors="replace") as f:
+            first = f.readline()
+        try:
+            previous = str(json.loads(first).get("run_id", ""))
+        except (ValueError, AttributeError):
+            previous = ""
+        if previous == run_id:
+            return
+        stem = f"{self.path.stem}.{re.sub(r'[^A-Za-z0-9_.-]', '_', previous) or 'unknown'}"
+        target = self.path.with_name(f"{stem}{self.path.suffix}")
+        n = 1
+        while target.exists():
+            target = self.path.with_name(f"{stem}.{n}{self.path.suffix}")
+            n += 1
+        self.path.rename(target)
+        warnings.warn(f"journal {self.path} held run {previous!r}; moved it to {target.name} so that run "
+                      f"{run_id!r} starts its own journal", stacklevel=3)
 
     def write(self, frame: Frame) -> None:
         self._line(
@@ -182,6 +215,7 @@ def read_journal(path: str | os.PathLike[str]) -> Journal:
     frames: list[Frame] = []
     end: dict[str, Any] | None = None
     notes: list[str] = []
+    damaged: tuple[int, str] | None = None
     for number, line, unterminated in _lines(p):
         try:
             record = json.loads(line)
@@ -193,8 +227,18 @@ def read_journal(path: str | os.PathLike[str]) -> Journal:
                 notes.append(note)
                 warnings.warn(note, stacklevel=2)
                 continue
-            raise MetricsError(f"{p}:{number}: not a journal line ({exc}); the file is damaged") from None
+            if damaged is not None:
+                raise MetricsError(f"{p}:{damaged[0]}: not a journal line ({damaged[1]}); the file is damaged") from None
+            damaged = (number, str(exc))  # a crash's torn line, if a resumed run's header follows it
+            continue
         kind = record.get("kind")
+        if damaged is not None:
+            if kind != "header" or header is None:
+                raise MetricsError(f"{p}:{damaged[0]}: not a journal line ({damaged[1]}); the file is damaged")
+            note = f"{p}:{damaged[0]}: skipped a line torn by a crash; the run resumed after it"
+            notes.append(note)
+            warnings.warn(note, stacklevel=2)
+            damaged = None
         if header is None:
             if kind != "header" or record.get("format") != FORMAT:
                 raise MetricsError(f"{p}: the first line is not a {FORMAT} header; is this a journal?")
@@ -220,10 +264,17 @@ def read_journal(path: str | os.PathLike[str]) -> Journal:
                 raise MetricsError(f"{p}:{number}: malformed frame ({exc!r})") from None
         elif kind == "end":
             end = record
+            continue
         elif kind == "header":
-            continue  # a resumed run appends its own header; the first one names the run
+            pass  # a resumed run appends its own header; the first one names the run
         else:
             raise MetricsError(f"{p}:{number}: unknown record kind {kind!r}")
+        if kind in ("frame", "header"):
+            end = None  # the run went on after an end record: its status is the next end's
+    if damaged is not None:  # torn, then ended by a resuming writer that stopped before its header
+        note = f"{p}:{damaged[0]}: skipped a torn line (the writer stopped mid-line)"
+        notes.append(note)
+        warnings.warn(note, stacklevel=2)
     if header is None:
         raise MetricsError(f"{p}: empty journal (no header line)")
     return Journal(p, header, frames, end, notes)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import atexit
 import math
 import re
+import sys
 import time
 import uuid
 import warnings
@@ -84,6 +85,13 @@ class Publisher:
         close_timeout: float = 300.0,
     ) -> None:
         self.sinks = sorted(sinks, key=lambda s: s.name != "journal")  # the journal first
+        names = [s.name for s in self.sinks]
+        if len(set(names)) != len(names):
+            twice = sorted({n for n in names if names.count(n) > 1})
+            raise MetricsError(
+                f"two sinks are named {twice}: sinks are told apart by name; fix: give one of them another "
+                "name (set its `name` attribute) or publish to one backend per kind"
+            )
         self.background = background
         self.queue_size = queue_size
         self.close_timeout = close_timeout
@@ -103,6 +111,7 @@ class Publisher:
         self.empty_frames = 0  # frames with no metrics: journal only (see the module docstring)
         self._nonfinite: dict[tuple[str, str], int] = {}
         self._closed = False
+        self.after_close = 0  # frames published after close(): warned once, not recorded
 
     # Side effects happen on global rank 0 only; the rank is read at call time.
     @staticmethod
@@ -110,6 +119,16 @@ class Publisher:
         return global_rank() == 0
 
     def start(self, config: Mapping[str, Any] | None = None) -> RunInfo:
+        """Start every sink (rank 0) with the flattened, redacted config. Idempotent: a second call
+        returns the running run (a config that arrives after the first frame is not recorded)."""
+        if self.run is not None:
+            if config:
+                warnings.warn(
+                    "Publisher.start() called again after the run started (the first frame starts it): "
+                    "this config is not recorded; fix: call on_run_start(config) before the first step",
+                    stacklevel=2,
+                )
+            return self.run
         run = RunInfo(
             run_id=self.run_id,
             name=self.run_name,
@@ -126,11 +145,26 @@ class Publisher:
                     continue
                 if self.background and sink.name != "journal":
                     self.workers[sink.name] = SinkWorker(sink, self._call, maxsize=self.queue_size)
-            atexit.register(self.close)
+            atexit.register(self._at_exit)
         return run
 
+    def _at_exit(self) -> None:
+        # An uncaught exception leaves sys.last_value (sys.last_exc from 3.12) set by the time
+        # interpreter exit runs this: the run failed.
+        crashed = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+        self.close(failed=crashed is not None)
+
     def publish(self, frame: Frame) -> None:
-        if not self.publishes_here() or self._closed:
+        if not self.publishes_here():
+            return
+        if self._closed:
+            self.after_close += 1
+            if self.after_close == 1:
+                warnings.warn(
+                    f"{frame.phase} step {frame.step} was published after close() and is not recorded "
+                    "(counted in Publisher.after_close); fix: publish before closing the run",
+                    stacklevel=2,
+                )
             return
         if self.run is None:
             self.start()
@@ -168,21 +202,24 @@ class Publisher:
         if self._closed:
             return
         self._closed = True
-        atexit.unregister(self.close)
-        if self.run is not None and self.publishes_here():
-            for sink in self.sinks:
-                worker = self.workers.get(sink.name)
-                if sink.name in self.unstarted:
-                    continue
-                if worker is None:
-                    self._call(sink, "close", failed=failed)
-                elif not worker.close(failed=failed, timeout=self.close_timeout):
-                    warnings.warn(
-                        f"sink {sink.name!r} did not finish within {self.close_timeout:.0f} s "
-                        f"({worker.backlog} frames still queued); the journal has them for "
-                        "`posttrain-metrics export`",
-                        stacklevel=2,
-                    )
+        atexit.unregister(self._at_exit)
+        if self.run is None or not self.publishes_here():
+            return
+        started = [s for s in self.sinks if s.name not in self.unstarted]
+        for sink in started:  # every background sink drains at once, not one after another
+            if sink.name in self.workers:
+                self.workers[sink.name].request_close(failed=failed)
+        for sink in started:
+            worker = self.workers.get(sink.name)
+            if worker is None:
+                self._call(sink, "close", failed=failed)
+            elif not worker.wait(self.close_timeout):
+                warnings.warn(
+                    f"sink {sink.name!r} did not finish within {self.close_timeout:.0f} s "
+                    f"({worker.backlog} frames still queued); the journal has them for "
+                    "`posttrain-metrics export`",
+                    stacklevel=2,
+                )
 
     @property
     def dropped(self) -> dict[str, int]:
@@ -221,15 +258,24 @@ class Publisher:
             getattr(sink, method)(*args, **kwargs)
             return True
         except ImportError:
-            raise  # a requested backend that is not installed is an error, never a silent degrade
+            if method == "start":
+                raise  # a requested backend that is not installed is an error, never a silent degrade
+            return self._failed(sink, method, sys.exc_info()[1])
         except Exception as exc:  # a tracker's failure never stops training
-            n = self.failures.get(sink.name, 0)
-            self.failures[sink.name] = n + 1
-            if n == 0:
-                warnings.warn(
-                    f"sink {sink.name!r} failed in {method}() and is degraded: {type(exc).__name__}: "
-                    f"{exc}. Training continues; the journal keeps every frame for "
-                    "`posttrain-metrics export`.",
-                    stacklevel=3,
-                )
-            return False
+            return self._failed(sink, method, exc)
+
+    def _failed(self, sink: Sink, method: str, exc: BaseException | None) -> bool:
+        n = self.failures.get(sink.name, 0)
+        self.failures[sink.name] = n + 1
+        if n == 0:
+            where = (
+                "the journal itself failed: fix its path or disk, or every frame is lost"
+                if sink.name == "journal"
+                else "the journal keeps every frame for `posttrain-metrics export`"
+            )
+            warnings.warn(
+                f"sink {sink.name!r} failed in {method}() and is degraded: {type(exc).__name__}: {exc}. "
+                f"Training continues; {where}.",
+                stacklevel=4,
+            )
+        return False

@@ -50,13 +50,21 @@ class SinkWorker:
     def backlog(self) -> int:
         return len(self._queue)
 
-    def close(self, *, failed: bool, timeout: float) -> bool:
-        """Drain the queue, close the sink, stop the thread. False if it did not finish in time."""
+    def request_close(self, *, failed: bool) -> None:
+        """Ask the thread to drain the queue, close the sink and stop (returns at once)."""
         with self._ready:
             self._closing = {"failed": failed}
             self._ready.notify()
+
+    def wait(self, timeout: float) -> bool:
+        """Wait for the thread to stop; False if it did not in ``timeout`` seconds."""
         self._thread.join(timeout)
         return not self._thread.is_alive()
+
+    def close(self, *, failed: bool, timeout: float) -> bool:
+        """Drain the queue, close the sink, stop the thread. False if it did not finish in time."""
+        self.request_close(failed=failed)
+        return self.wait(timeout)
 
     def _run(self) -> None:
         while True:
