@@ -34,7 +34,6 @@ import binascii
 import functools
 import json
 import math
-import operator
 import os
 import socket
 import struct
@@ -42,11 +41,11 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple, Union
 
-from .adapter import PHASES, MetricAdapter
+from .adapter import PHASES
 from .errors import MetricsError
 from .frame import Frame
 from .layout import _CODE_BITS, _KEY_BITS, NEG_INF, Code, Layout, PackedState, merge
-from .reducer import AdapterSpec, resolve_adapters
+from .reducer import AdapterSpec, _check_phase, _check_step, _layout, resolve_adapters
 from .reduction import Reduction
 from .values import MAX_EXACT_INT, materialize
 
@@ -67,30 +66,6 @@ _MAX_ID_CHARS = 200
 _MAX_MESSAGE_CHARS = 2000
 _FINGERPRINT_DIGITS = 13  # Layout.fingerprint is 52 bits
 _BITS = [tuple(bit for bit in range(8) if byte >> bit & 1) for byte in range(256)]
-
-
-@functools.lru_cache(maxsize=64)
-def _layout(adapters: tuple[MetricAdapter, ...]) -> Layout:
-    return Layout(adapters)
-
-
-def _check_phase(phase: str) -> None:
-    if phase not in PHASES:
-        raise MetricsError(f"phase {phase!r} is not one of {sorted(PHASES)}")
-
-
-def _check_step(step: object) -> int:
-    """``step`` as a plain int: any integer (Python, numpy, a 0-d integer tensor), not a bool."""
-    try:
-        value = None if isinstance(step, bool) else operator.index(step)  # type: ignore[arg-type]
-    except TypeError:
-        value = None
-    if value is None or abs(value) > MAX_EXACT_INT:
-        raise MetricsError(
-            f"step must be an integer within +/-2**53, got {type(step).__name__} {step!r:.60}; fix: pass "
-            "the optimizer step as an int"
-        )
-    return value
 
 
 def _default_worker_id() -> str:
