@@ -132,14 +132,18 @@ def _target(journal: Journal, to: str, target: str | None) -> tuple[Sink, str, C
         from .integrations.tensorboard import TensorBoardSink
 
         log_dir = Path(target) if target else home / "tensorboard"
-        return TensorBoardSink(log_dir=log_dir), str(log_dir), lambda: _tensorboard_points(log_dir)
+        tb_sink = TensorBoardSink(log_dir=log_dir, flush=1000)  # flushed at close: no per-frame wait
+        return tb_sink, str(log_dir), lambda: _tensorboard_points(log_dir)
     if to == "mlflow":
         from .integrations.mlflow import MlflowSink
 
         uri = target or f"sqlite:///{(home / 'mlflow.db').resolve()}"
         experiment = journal.config.get("mlflow/experiment")
+        # A replay outruns MLflow: the sink may hold every frame (its live-run backlog would drop the
+        # oldest) and close waits for all of them to be confirmed.
         mlflow_sink = MlflowSink(tracking_uri=uri, dir=home, experiment=str(experiment) if experiment else None,
-                                 run_id=_mlflow_run(uri, journal.run_id))  # the run a live sink made, if any
+                                 run_id=_mlflow_run(uri, journal.run_id),  # the run a live sink made, if any
+                                 backlog=len(journal.frames) + 1, drain_timeout=24 * 3600.0)
         return mlflow_sink, uri, lambda: _mlflow_points(uri, journal.run_id, keys)
     if to == "wandb":
         from .integrations.wandb import WandbSink
@@ -172,8 +176,12 @@ def export(journal: Journal, to: str, target: str | None = None, *, quiet: bool 
     finally:
         pub.close(failed=failed)
         progress.done()
-    if pub.failures or pub.dropped:
-        raise MetricsError(f"export to {where} failed ({pub.failures}); the target may be incomplete: run it again")
+    lost = {name: n for name in ("dropped", "unconfirmed", "rejected") if (n := getattr(sink, name, 0))}
+    if pub.failures or pub.dropped or lost:
+        raise MetricsError(
+            f"export to {where} is incomplete (failures {pub.failures}, {lost or pub.dropped}); run it "
+            "again: it sends only what is missing"
+        )
     print(f"exported {len(todo)} of {total} frames of run {journal.run_id} to {where} "
           f"({total - len(todo)} were already there)")
     return 0

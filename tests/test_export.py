@@ -208,3 +208,20 @@ def test_a_long_journal_exports_every_frame_and_label_only_frames_once(tmp_path:
     skipped = tensorboard_series(target)["optim/update_outcome/skipped"]
     assert [s for s, _ in skipped] == list(range(1, 3002))  # one point per step: none sent twice
     assert skipped[-1] == (3001, 1.0)
+
+
+def test_an_export_into_mlflow_larger_than_the_sinks_live_backlog_loses_nothing(tmp_path: Path, capsys) -> None:
+    """The benchmark found it: a replay outran MLflow and the live-run backlog (1000) dropped frames."""
+    from mlflow.tracking import MlflowClient
+
+    journal = tmp_path / "run" / "journal.jsonl"
+    pub = Publisher([JournalSink(journal)], adapters=GRPO_ADAPTERS, run_id="bulk", background=False)
+    pub.start({})
+    for step in range(1, 1301):
+        pub.publish(Frame(step, {"train/loss_avg": step / 1000, "train/kl_max": 0.5}))
+    pub.close()
+    uri = f"sqlite:///{tmp_path / 'bulk.db'}"
+    assert "exported 1300 of 1300 frames" in export(journal, "mlflow", uri, capsys=capsys)
+    client = MlflowClient(tracking_uri=uri)
+    (run,) = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    assert len(client.get_metric_history(run.info.run_id, "train/loss_avg")) == 1300
