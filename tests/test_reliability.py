@@ -422,6 +422,7 @@ def test_a_planted_secret_is_in_no_byte_any_backend_stored(tmp_path: Path, mlflo
     root = tmp_path / "run"
     embedded = MlflowSink(dir=root, experiment="secrets")
     served = MlflowSink(tracking_uri=mlflow_server, experiment=f"secrets-{uuid.uuid4().hex[:8]}")
+    served.name = "mlflow-server"  # two sinks of one kind: the publisher tells them apart by name
     sinks = [JournalSink(root / "journal.jsonl"), TensorBoardSink(log_dir=root / "tensorboard"), embedded, served,
              WandbSink(project="secrets", dir=root, mode="offline", settings={"quiet": True})]
     pub = Publisher(sinks, adapters=GRPO_ADAPTERS, run_name="secrets", run_id="secretsrun01")

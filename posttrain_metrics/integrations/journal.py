@@ -227,8 +227,8 @@ def read_journal(path: str | os.PathLike[str]) -> Journal:
                 notes.append(note)
                 warnings.warn(note, stacklevel=2)
                 continue
-            if damaged is not None:
-                raise MetricsError(f"{p}:{damaged[0]}: not a journal line ({damaged[1]}); the file is damaged") from None
+            if damaged is not None or header is None:
+                raise MetricsError(f"{p}:{number}: not a journal line ({exc}); the file is damaged") from None
             damaged = (number, str(exc))  # a crash's torn line, if a resumed run's header follows it
             continue
         kind = record.get("kind")
@@ -271,10 +271,8 @@ def read_journal(path: str | os.PathLike[str]) -> Journal:
             raise MetricsError(f"{p}:{number}: unknown record kind {kind!r}")
         if kind in ("frame", "header"):
             end = None  # the run went on after an end record: its status is the next end's
-    if damaged is not None:  # torn, then ended by a resuming writer that stopped before its header
-        note = f"{p}:{damaged[0]}: skipped a torn line (the writer stopped mid-line)"
-        notes.append(note)
-        warnings.warn(note, stacklevel=2)
+    if damaged is not None:
+        raise MetricsError(f"{p}:{damaged[0]}: not a journal line ({damaged[1]}); the file is damaged")
     if header is None:
         raise MetricsError(f"{p}: empty journal (no header line)")
     return Journal(p, header, frames, end, notes)
