@@ -3,26 +3,21 @@
 A synthetic journal of ``--frames`` steps (default 100k) and K = 61 keys (grpo + reward + trainer,
 every declared key, the label indicators counted) is written with the real ``JournalSink``, so the
 format is the real one; to be fast, its frames are 64 frames reduced by the real ``MetricReducer``
-recycled with perturbed float values, a new step and a new wall time each. It is then replayed,
-each target timed twice:
-
-- ``export()`` as shipped: ``posttrain_metrics.export.export(journal, to, target, quiet=True)``,
-  what ``posttrain-metrics export`` runs;
-- lossless replay: the same publisher and sink, with ``background=False`` (and for MLflow a backlog
-  that holds every frame and no drain deadline), i.e. what export has to do to deliver every frame.
-
-into TensorBoard (all ``--frames``), MLflow's embedded ``sqlite:///`` store (``--mlflow-frames``,
-default 5k: it stores about 100 frames/s, so 100k would take a quarter of an hour) and a real local
-``mlflow server`` with SQLite (``--server-frames``, default 2k).
+recycled with perturbed float values, a new step and a new wall time each. Then
+``posttrain_metrics.export.export(journal, to, target, quiet=True)`` (what ``posttrain-metrics
+export`` runs) is timed into TensorBoard (all ``--frames``), MLflow's embedded ``sqlite:///``
+store (``--mlflow-frames``, default 5k: MLflow stores about 100-150 frames/s here, so 100k would
+take a quarter of an hour) and a real local ``mlflow server`` with SQLite (``--server-frames``,
+default 2k).
 
 Before timing, the synthetic journal is read back and compared with the frames written; after each
 export, the target is read back (the event files decoded with TensorBoard's ``Event`` message;
-``MlflowClient.get_metric_history``) and must hold every step. The TensorBoard replay is then
+``MlflowClient.get_metric_history``) and must hold every step. The TensorBoard export is then
 profiled (cProfile) on ``--profile-frames`` frames; the top functions by own time are listed, and
 the CPU cost of TensorBoard's own record framing is measured. Target (issue 7): at least 20k
 frames/s into TensorBoard.
 
-    python benchmarks/bench_export.py                 # 100k frames (about 3 minutes)
+    python benchmarks/bench_export.py                 # 100k frames (about 2.5 minutes)
     python benchmarks/bench_export.py --quick         # 5k frames
     python benchmarks/bench_export.py --frames 20000
 """
@@ -131,21 +126,13 @@ def timed_export(journal: Journal, to: str, target: str) -> tuple[float, list[st
 
 
 def profile_tensorboard(journal: Journal, target: Path, top: int) -> tuple[str, float]:
-    """cProfile of what the TensorBoard export does, on one thread: the same Publisher and sink as
-    ``export`` but with ``background=False``, so the sink's work is in the profile too (TensorBoard's
-    own writer thread, which frames records and writes the file, is still not)."""
-    from posttrain_metrics.integrations.tensorboard import TensorBoardSink
-
+    """cProfile of ``export`` into TensorBoard (the calling thread: export publishes synchronously;
+    TensorBoard's own writer thread is not in it)."""
     profiler = cProfile.Profile()
-    pub = Publisher([TensorBoardSink(log_dir=target)], adapters=journal.adapters, run_id=journal.run_id,
-                    background=False)
-    with warnings.catch_warnings():
+    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         profiler.enable()
-        pub.start(journal.config)
-        for frame in journal.frames:
-            pub.publish(frame)
-        pub.close()
+        export(journal, "tensorboard", str(target), quiet=True)
         profiler.disable()
     stats = pstats.Stats(profiler)
     total = stats.total_tt  # type: ignore[attr-defined]
@@ -162,50 +149,6 @@ def subset(journal: Journal, n: int, path: Path, run_id: str) -> Journal:
     two exports to the same MLflow server do not see each other's run)."""
     write_journal(path, journal.frames[:n], run_id)
     return read_journal(path)
-
-
-def replay(journal: Journal, to: str, target: str) -> tuple[float, list[str]]:
-    """What ``export`` does for an empty target, without its two places that drop frames: the
-    publisher writes on the calling thread (``background=False``: no bounded queue), and the MLflow
-    sink may hold every frame (``backlog``) and waits as long as it takes to confirm them."""
-    from posttrain_metrics.integrations.mlflow import MlflowSink
-    from posttrain_metrics.integrations.tensorboard import TensorBoardSink
-
-    sink: Any
-    if to == "tensorboard":
-        sink = TensorBoardSink(log_dir=target)  # as export builds it
-    else:
-        sink = MlflowSink(tracking_uri=target, dir=journal.path.parent, backlog=len(journal.frames) + 1,
-                          drain_timeout=24 * 3600)
-    pub = Publisher([sink], adapters=journal.adapters, run_name="bench-export", run_id=journal.run_id,
-                    background=False)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        t0 = time.perf_counter()
-        pub.start(journal.config)
-        for frame in journal.frames:
-            pub.publish(frame)
-        pub.close()
-        seconds = time.perf_counter() - t0
-    return seconds, list(dict.fromkeys(str(w.message) for w in caught))
-
-
-def flush_policy(journal: Journal, root: Path) -> dict[str, float]:
-    """Frames/s of a synchronous TensorBoard replay with the sink's default ``flush="step"`` (what
-    export builds: every frame waits for TensorBoard's writer thread) and with ``flush=1000``."""
-    from posttrain_metrics.integrations.tensorboard import TensorBoardSink
-
-    rates = {}
-    for flush in ("step", 1000):
-        pub = Publisher([TensorBoardSink(log_dir=root / f"flush-{flush}", flush=flush)], adapters=journal.adapters,
-                        run_id=journal.run_id, background=False)
-        t0 = time.perf_counter()
-        pub.start(journal.config)
-        for frame in journal.frames:
-            pub.publish(frame)
-        pub.close()
-        rates[str(flush)] = len(journal.frames) / (time.perf_counter() - t0)
-    return rates
 
 
 def crc_cost(log_dir: Path, frames: int) -> tuple[float, float]:
@@ -266,41 +209,32 @@ def main() -> int:
         proc, server = start_server(root / "mlflow-server")
         try:
             for name, count in sizes.items():
-                for how in ("export", "replay"):
-                    folder = root / f"{name}-{how}"
-                    run_id = f"bench{name.replace('-', '')}{how}"
-                    source = subset(journal, count, folder / "journal.jsonl", run_id)
-                    to = "tensorboard" if name == "tensorboard" else "mlflow"
-                    target = {"tensorboard": str(folder / "tb"), "mlflow-server": server,
-                              "mlflow-embedded": f"sqlite:///{(folder / 'mlflow.db').as_posix()}"}[name]
-                    if how == "export":
-                        seconds, caught, said = timed_export(source, to, target)
-                    else:
-                        (seconds, caught), said = replay(source, to, target), ""
-                    held = tensorboard_steps(Path(target)) if to == "tensorboard" else mlflow_steps(target, run_id)
-                    figures[f"{name} {how}"] = {"frames": count, "seconds": seconds, "held": held,
-                                                "warnings": caught, "said": said}
-                    del source
+                folder = root / name
+                # the whole journal as is, else its first frames under their own run id (so that two
+                # exports to the one MLflow server do not see each other's run)
+                run_id = journal.run_id if count == n else f"bench{name.replace('-', '')}"
+                source = journal if count == n else subset(journal, count, folder / "journal.jsonl", run_id)
+                to = "tensorboard" if name == "tensorboard" else "mlflow"
+                target = {"tensorboard": str(folder / "tb"), "mlflow-server": server,
+                          "mlflow-embedded": f"sqlite:///{(folder / 'mlflow.db').as_posix()}"}[name]
+                seconds, caught, said = timed_export(source, to, target)
+                held = tensorboard_steps(Path(target)) if to == "tensorboard" else mlflow_steps(target, run_id)
+                figures[name] = {"frames": count, "seconds": seconds, "held": held, "warnings": caught, "said": said}
         finally:
             stop_server(proc)
-        bytes_per_frame, crc_us = crc_cost(root / "tensorboard-replay" / "tb", n)
+        bytes_per_frame, crc_us = crc_cost(root / "tensorboard" / "tb", n)
 
         labels = {"tensorboard": "TensorBoard (event files)", "mlflow-embedded": "MLflow, embedded sqlite:///",
                   "mlflow-server": "MLflow, local `mlflow server` (SQLite)"}
-        print("| target | frames | `export()` as shipped: s / frames/s / steps held | lossless replay: s / "
-              "frames/s / steps held |")
-        print("|---|---:|---|---|")
-        for name, count in sizes.items():
-            cells = []
-            for how in ("export", "replay"):
-                fig = figures[f"{name} {how}"]
-                cells.append(f"{fig['seconds']:.1f} / {count / fig['seconds']:,.0f} / {fig['held']} of {count}")
-            print(f"| {labels[name]} | {count} | {cells[0]} | {cells[1]} |")
-        print("\n`export()` = `posttrain_metrics.export.export(journal, to, target, quiet=True)`, what "
-              "`posttrain-metrics export` runs (it first reads the empty target back). Lossless replay = the same "
-              "publisher and sink with `background=False` (and, for MLflow, `backlog` >= frames and no drain "
-              "deadline): what export must do to deliver every frame. Steps held are read back from "
-              "the event files (TensorBoard's Event proto) / with MlflowClient. Journal reading is not included (above). "
+        print("| target | frames | seconds | frames/s | steps held (read back) |")
+        print("|---|---:|---:|---:|---|")
+        for name, fig in figures.items():
+            print(f"| {labels[name]} | {fig['frames']} | {fig['seconds']:.1f} | {fig['frames'] / fig['seconds']:,.0f} | "
+                  f"{fig['held']} of {fig['frames']} |")
+        print("\nexport = `posttrain_metrics.export.export(journal, to, target, quiet=True)`, what `posttrain-metrics "
+              "export` runs, into an empty target (it reads the target back first, then publishes every frame and "
+              "waits for the sink to confirm). Journal reading is not included (above). Steps held are read back "
+              "from the event files (TensorBoard's Event proto) / with MlflowClient. "
               f"Load average after: {load()}\n")
         for name, fig in figures.items():
             if fig["said"]:
@@ -312,25 +246,18 @@ def main() -> int:
         profile_journal = journal if n_profile == n else subset(journal, n_profile, root / "prof" / "journal.jsonl",
                                                                 RUN_ID)
         table, total = profile_tensorboard(profile_journal, root / "tb-profile", top=8)
-        print(f"\nwhere the time goes, TensorBoard: profile of the lossless replay of {n_profile} frames (cProfile, "
-              f"{total:.1f} s profiled, calling thread only), top functions by own time:\n")
+        print(f"\nwhere the time goes, TensorBoard: profile of the export of {n_profile} frames (cProfile, "
+              f"{total:.1f} s profiled, the calling thread), top functions by own time:\n")
         print(table)
-        rates = flush_policy(profile_journal, root / "flush")
-        print(f"\nthe lock waits are the calling thread waiting for TensorBoard's writer thread: its queue holds 10 "
-              "records, and the sink's default `flush=\"step\"` (which export uses) waits for it to empty after "
-              f"every frame. On the same {n_profile} frames: `flush=\"step\"` {rates['step']:,.0f} frames/s, "
-              f"`flush=1000` {rates['1000']:,.0f} frames/s.")
-        print(f"\nnot in that profile: TensorBoard's own writer thread frames every record with a pure-Python "
-              f"CRC-32C (`masked_crc32c`): {bytes_per_frame:,.0f} bytes per frame cost {crc_us:.0f} us of CPU "
-              f"holding the GIL, which alone caps TensorBoard writing at {1e6 / crc_us:,.0f} frames/s.")
+        print(f"\nlock waits are the calling thread waiting for TensorBoard's writer thread (its queue holds 10 "
+              f"records), which frames every record with a pure-Python CRC-32C (`masked_crc32c`): "
+              f"{bytes_per_frame:,.0f} bytes per frame cost {crc_us:.0f} us of CPU holding the GIL, which alone "
+              f"caps TensorBoard writing at {1e6 / crc_us:,.0f} frames/s.")
 
-    shipped, replayed = figures["tensorboard export"], figures["tensorboard replay"]
-    complete = shipped["held"] == shipped["frames"]
-    rate = (shipped if complete else replayed)["frames"] / (shipped if complete else replayed)["seconds"]
-    delivered = "every step delivered" if complete else f"but only {shipped['held']} of {n} steps delivered"
+    tb = figures["tensorboard"]
+    rate = tb["frames"] / tb["seconds"]
     print(f"\n- target >= 20,000 frames/s into TensorBoard: {'met' if rate >= 20_000 else 'MISSED'} "
-          f"({rate:,.0f} frames/s; `export()`: {shipped['frames'] / shipped['seconds']:,.0f} frames/s, {delivered}; "
-          f"lossless replay: {replayed['frames'] / replayed['seconds']:,.0f} frames/s)")
+          f"({rate:,.0f} frames/s)")
     incomplete = {name: f"{fig['held']} of {fig['frames']}" for name, fig in figures.items()
                   if fig["held"] != fig["frames"]}
     print(f"- check, every target holds every step after export: {'yes' if not incomplete else f'NO: {incomplete}'}")
