@@ -1,10 +1,10 @@
 """Run every benchmark in sequence and write their tables to ``benchmarks/results-<date>.md``.
 
-    python benchmarks/run_all.py            # full runs (about 10 minutes on 2 cores)
-    python benchmarks/run_all.py --quick    # smoke test (about 3 minutes)
+    python benchmarks/run_all.py            # full runs (about 9 minutes on 2 cores)
+    python benchmarks/run_all.py --quick    # smoke test (about 4.5 minutes)
 
 Each benchmark runs in its own process (``bench_reduce.py``, ``bench_publish.py``,
-``bench_export.py``, ``bench_memory.py``), in full mode with its defaults except
+``bench_export.py``, ``bench_memory.py``, ``bench_driver.py``), in full mode with its defaults except
 ``bench_reduce.py --iters 100`` (``--reduce-iters``); its standard output, a markdown report, goes to the
 terminal and into the results file under a heading with the exact command, its run time and the
 load average before and after. Its standard error (vendor log lines) goes to
