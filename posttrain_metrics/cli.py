@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from .core.catalog import adapter_names, get_adapter
 from .core.errors import MetricsError
 from .core.keys import describe
+from .core.reduction import Reduction
 from .integrations.journal import Journal, read_journal
 
 __all__ = ["main"]
@@ -23,8 +24,13 @@ def _keys_rows(adapters: Sequence[str]) -> list[tuple[str, ...]]:
         for key, info in describe([adapter]).items():
             metric = info.metric
             how = metric.reduction.value
-            if metric.weight:
+            if metric.weight and metric.reduction in (Reduction.MAX, Reduction.MIN):
+                how += f" where {info.weight_key} > 0"
+            elif metric.weight:
                 how += f" by {info.weight_key}"
+            if metric.second_moment:
+                prefix = key.rsplit("/", 1)[0]
+                how += f" from {prefix}/{metric.mean} and {prefix}/{metric.second_moment}"
             if metric.labels:
                 how += " {" + ", ".join(metric.labels) + "}"
             rows.append((name, key, how, metric.unit, "yes" if metric.headline else "", metric.meaning))

@@ -162,8 +162,8 @@ def test_bools_are_counts_and_flags_and_trackers_see_0_or_1(tmp_path: Path) -> N
     assert summed == {"train/response_count": 2} and type(summed["train/response_count"]) is int
     flags = reduce_metrics("trainer", [[{"step_skipped": True}], [{"step_skipped": True}]])
     assert flags["optim/step_skipped"] is True  # LAST of the same flag on every rank stays a bool
-    mixed = reduce_metrics("trainer", [[{"step_skipped": True}], [{"step_skipped": False}]])
-    assert mixed["optim/step_skipped"] == 0.5  # ranks disagree: the mean across ranks, a float
+    with pytest.raises(MetricsError, match="ranks disagree on 'optim/step_skipped'"):  # desynchronised ranks
+        reduce_metrics("trainer", [[{"step_skipped": True}], [{"step_skipped": False}]])
     assert reduce_one("grpo", {"grpo_clip_frac": True, "grpo_valid_token_count": True}) == {
         "train/clip_frac": 1.0, "train/valid_token_count": 1}  # True counts as 1, as a value and a weight
     rejected(tmp_path, {"update_outcome": True}, "'update_outcome'", "True", "'applied'")
@@ -249,7 +249,8 @@ def test_a_zero_weight_contributes_nothing() -> None:
 
 
 def test_unknown_keys_are_refused_with_a_suggestion_and_ignored_keys_are_accepted(tmp_path: Path) -> None:
-    rejected(tmp_path, {"grpo_kl_maximum": 1.0}, "'grpo_kl_maximum'", "not declared", "grpo")
+    rejected(tmp_path, {"grpo_kl_maximum": 1.0}, "'grpo_kl_maximum'", "not declared", "did you mean 'grpo_kl_max'")
+    rejected(tmp_path, {"grpo_clipfrac": 1.0}, "did you mean 'grpo_clip_frac'")
     assert reduce_one("dpo", {"dpo_loss": 0.5, "dpo_weight_sum": 8}) == {"train/loss_avg": 0.5}  # declared as ignored
 
 

@@ -131,9 +131,17 @@ def test_ddp_two_gloo_ranks_token_weighted_key_is_exact_where_sync_dist_is_not(t
 
 def test_training_step_metrics_must_be_a_mapping() -> None:
     callback = LightningMetricsCallback(adapters=["grpo"], sinks=[{"type": "memory"}])
+    # Recorded rather than raised in the batch hook, so that the rank still joins the window's
+    # collective; the window's reduce then raises it (on every rank) and is discarded.
+    refused = callback._chunk({"loss": 0.0, OUTPUT_KEY: 0.5}, "training_step")
+    assert refused is not None
+    callback.metrics.on_chunk_end(refused)
     with pytest.raises(MetricsError, match="dict of source names"):
-        callback._chunk({"loss": 0.0, OUTPUT_KEY: 0.5}, "training_step")
+        callback.metrics.on_window_end(1)
+    callback.metrics.on_chunk_end({"grpo_kl_max": 0.5})
+    assert callback.metrics.on_window_end(2).metrics == {"train/kl_max": 0.5}  # the next window is clean
     assert callback._chunk({"loss": 0.0}, "training_step") is None
+    callback.metrics.on_run_end()
 
 
 if __name__ == "__main__":

@@ -17,8 +17,8 @@ import pytest
 from posttrain_metrics import MetricAdapter, MetricsError, Reduction, get_adapter, reduce_metrics
 
 R = Reduction
-WM, SUM, MAX, MIN, MEAN, LAST, STD, CAT = (
-    R.WEIGHTED_MEAN, R.SUM, R.MAX, R.MIN, R.MEAN, R.LAST, R.POOLED_STD, R.CATEGORICAL,
+WM, SUM, MAX, MIN, MEAN, LAST, AGREED, STD, CAT = (
+    R.WEIGHTED_MEAN, R.SUM, R.MAX, R.MIN, R.MEAN, R.LAST, R.AGREED, R.POOLED_STD, R.CATEGORICAL,
 )
 
 TOKENS = "<a token count>"
@@ -35,6 +35,7 @@ REFERENCE: list[tuple[str, str, Reduction, str | None]] = [
     ("train/weight_sum", "grpo", SUM, None),
     ("train/weight_sum", "opd_direct", SUM, None),
     ("train/weight_sum", "opd_advantage", SUM, None),
+    ("train/weight_sum", "nft", SUM, None),  # shared; only DPO and flow-BC ignore it
     ("train/valid_sequence_count", "grpo", SUM, None),
     ("train/valid_token_count", "grpo", SUM, None),
     ("train/valid_token_count", "opd_direct", SUM, None),
@@ -54,17 +55,17 @@ REFERENCE: list[tuple[str, str, Reduction, str | None]] = [
     ("train/logprob_gap_gt0p5_frac", "grpo", WM, "train/logprob_gap_token_count"),
     ("train/logprob_gap_token_count", "grpo", SUM, None),
     ("train/kl_mean", "grpo", WM, "train/valid_token_count"),
-    ("train/kl_max", "grpo", MAX, None),
+    ("train/kl_max", "grpo", MAX, "train/valid_token_count"),  # its family's count: no tokens, no extremum
     ("train/kl_beta", "grpo", MEAN, None),
     ("train/response_count", "grpo", SUM, None),
     ("train/rollout_truncated_frac", "grpo", WM, "train/response_count"),
     ("train/response_len_mean", "grpo", WM, "train/response_count"),
-    ("train/response_len_max", "grpo", MAX, None),
+    ("train/response_len_max", "grpo", MAX, "train/response_count"),
     ("train/sc_token_count", "grpo", SUM, None),
     ("train/sc_head_mass_q", "grpo", WM, "train/sc_token_count"),
     ("train/sc_head_mass_p", "grpo", WM, "train/sc_token_count"),
     ("train/sc_rho_mean", "grpo", WM, "train/sc_token_count"),
-    ("train/sc_rho_max", "grpo", MAX, None),
+    ("train/sc_rho_max", "grpo", MAX, "train/sc_token_count"),
     ("train/sc_kl_head", "grpo", WM, "train/sc_token_count"),
     ("train/sc_correction_abs", "grpo", WM, "train/sc_token_count"),
     ("train/sc_token_weight", "grpo", WM, "train/sc_token_count"),
@@ -75,8 +76,8 @@ REFERENCE: list[tuple[str, str, Reduction, str | None]] = [
     # that every shard spends together: the catalogue takes their MAX (its documented choice).
     ("train/reward_mean", "reward", WM, "train/rollout_count"),
     ("train/reward_std", "reward", STD, "train/rollout_count"),
-    ("train/reward_min", "reward", MIN, None),
-    ("train/reward_max", "reward", MAX, None),
+    ("train/reward_min", "reward", MIN, "train/rollout_count"),
+    ("train/reward_max", "reward", MAX, "train/rollout_count"),
     ("train/rollout_count", "reward", SUM, None),
     ("train/grpo_group_count", "reward", SUM, None),
     ("train/grpo_informative_group_count", "reward", SUM, None),
@@ -113,9 +114,10 @@ REFERENCE: list[tuple[str, str, Reduction, str | None]] = [
     ("train/initial_importance_ess", "ppo", WM, "train/valid_action_tokens"),
     ("train/policy_lr", "ppo", LAST, None),
     ("train/critic_lr", "ppo", LAST, None),
-    ("train/actor_warmup", "ppo", LAST, None),
-    ("optim/policy_optimizer_step", "ppo", LAST, None),
-    ("optim/critic_optimizer_step", "ppo", LAST, None),
+    # exact per-iteration flag and exact counters: the same on every rank, or a desynchronised run
+    ("train/actor_warmup", "ppo", AGREED, None),
+    ("optim/policy_optimizer_step", "ppo", AGREED, None),
+    ("optim/critic_optimizer_step", "ppo", AGREED, None),
     # -- DPO (train and val); no key is in weighted_by, so every key is a plain mean
     *[
         (f"{phase}/{leaf}", "dpo", MEAN, None)
@@ -136,25 +138,27 @@ REFERENCE: list[tuple[str, str, Reduction, str | None]] = [
         (f"train/{leaf}", "nft", MEAN, None)
         for leaf in (
             "policy_loss", "kl_loss", "advantage_mean", "optimality_mean", "optimality_second_moment",
-            "optimality_std", "positive_error", "negative_error", "reward_mean",
+            "positive_error", "negative_error", "reward_mean",
         )
     ],
+    # the std of the optimality weights, consistent with the moments published beside it
+    ("train/optimality_std", "nft", STD, None),
     # -- flow-BC (train and val)
     ("train/flow_bc_masked_elements", "flow_bc", SUM, None),
     ("val/loss_avg", "flow_bc", MEAN, None),
     ("val/flow_bc_masked_elements", "flow_bc", SUM, None),
     # -- optimizer outcome keys. The reference gives their values, not an aggregation: the labels
     # are categorical, and the counters and flags are per-window states read from the last chunk
-    # (the catalogue's choice: exact when the ranks agree).
+    # that every data-parallel rank holds identically: ranks that disagree are desynchronised.
     ("optim/update_outcome", "trainer", CAT, None),
     ("optim/skip_reason", "trainer", CAT, None),
-    ("optim/step_skipped", "trainer", LAST, None),
-    ("optim/attempt_id", "trainer", LAST, None),
-    ("optim/optimizer_step", "trainer", LAST, None),
-    ("optim/nonfinite_skips_total", "trainer", LAST, None),
-    ("optim/nonfinite_skips_consecutive", "trainer", LAST, None),
-    ("optim/zero_grad_skips_total", "trainer", LAST, None),
-    ("optim/finite_gradient_check_enabled", "trainer", LAST, None),
+    ("optim/step_skipped", "trainer", AGREED, None),
+    ("optim/attempt_id", "trainer", AGREED, None),
+    ("optim/optimizer_step", "trainer", AGREED, None),
+    ("optim/nonfinite_skips_total", "trainer", AGREED, None),
+    ("optim/nonfinite_skips_consecutive", "trainer", AGREED, None),
+    ("optim/zero_grad_skips_total", "trainer", AGREED, None),
+    ("optim/finite_gradient_check_enabled", "trainer", AGREED, None),
     # -- validation phase (val/loss_avg of DPO is in the DPO rows)
     ("val/reward_avg", "validation", MEAN, None),
     ("val/reward_std", "validation", STD, None),
@@ -217,6 +221,34 @@ def test_reference_key_is_declared(key: str, adapter_name: str, reduction: Reduc
         assert adapter.weighted_by[source] == weight_source  # the reference's weighted_by field
     if reduction is R.MAX:
         assert source in adapter.max_reduced
+    if reduction in (R.MAX, R.MIN, R.POOLED_STD):  # the count of an extremum or of a pooled std
+        assert weight_source in adapter.counts
+
+
+COUNTED_DIAGNOSTICS = [
+    f"train/{stem}_{end}"
+    for stem in ("behavior_logprob_delta", "initial_ratio", "reference_behavior_logprob_delta",
+                 "policy_reference_logprob_delta")
+    for end in ("max", "min")
+]
+
+
+@pytest.mark.parametrize("key", COUNTED_DIAGNOSTICS)
+def test_ppo_diagnostic_extrema_are_counted_by_valid_action_tokens(key: str) -> None:
+    ppo = get_adapter("ppo")
+    metric = ppo.metrics[declared(ppo)[key]]
+    assert metric.weight == "valid_action_tokens"
+
+
+@pytest.mark.parametrize("name", BUILTIN)
+def test_every_summed_key_and_exact_counter_is_a_count(name: str) -> None:
+    """Every SUM of the built-in catalogue counts things (tokens, groups, elements ...), and so does
+    every AGREED key that is not a flag: all are refused when negative or non-finite."""
+    adapter = get_adapter(name)
+    for source, metric in adapter.metrics.items():
+        flag = metric.leaf.endswith(("skipped", "enabled", "warmup"))
+        if metric.reduction is R.SUM or (metric.reduction is R.AGREED and not flag):
+            assert source in adapter.counts, f"{name}: {source} is not declared a count"
 
 
 @pytest.mark.parametrize(("pattern", "adapter_name"), WILDCARDS)

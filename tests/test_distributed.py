@@ -81,9 +81,9 @@ def window(adapters: list[MetricAdapter], rank: int, step: int, n_chunks: int) -
                 elif r is R.CATEGORICAL:
                     if source == "update_outcome":
                         chunk[source] = "applied" if last else "accumulating"
-                elif r is R.LAST and metric.namespace == "optim":
+                elif r is R.AGREED:
                     chunk[source] = step * 10 + (c if not last else 0)  # every rank ends on the same counter
-                elif r in (R.MAX, R.MIN) and metric.unit == "tokens":
+                elif source in adapter.counts or (r in (R.MAX, R.MIN) and metric.unit == "tokens"):
                     chunk[source] = rng.randint(1, 4096)
                 elif r is R.POOLED_STD:
                     chunk[source] = rng.uniform(0.0, 1.0)
@@ -236,6 +236,110 @@ def scenario_still_in_step(rank: int, world: int) -> Any:
     return _reduce(GRPO_STEP, [{"grpo_kl_max": float(rank), "rollout_count": 2}], 15)
 
 
+# Failures on one rank before the collective (issue 12, item 9), and desynchronised counters and
+# partial families (items 4, 5): each is a window that must fail on every rank, followed by a window
+# on the same reducer that must reduce normally on every rank (ranks still in step).
+
+NEXT_WINDOW = 99
+
+
+def _then_next_window(rank: int, first: list[Any], step: Any = 40, *, during: Any = None) -> dict[str, Any]:
+    reducer = MetricReducer(GRPO_STEP)
+    outcome = "no error"
+    try:
+        for chunk in first:
+            reducer.add(chunk)
+        if during is not None:
+            with during():
+                reducer.reduce(step)
+        else:
+            reducer.reduce(step)
+    except MetricsError as exc:
+        outcome = str(exc)
+    reducer.add({"grpo_kl_max": float(rank), "rollout_count": 2})
+    after = reducer.reduce(NEXT_WINDOW)
+    return {"first": outcome, "after": dict(after.metrics), "after_step": after.step}
+
+
+def _on_last_rank(rank: int, world: int, bad: Any, good: Any = 0.5) -> list[dict[str, Any]]:
+    return [{"grpo_kl_max": bad if rank == world - 1 else good}]
+
+
+def scenario_meta_tensor(rank: int, world: int) -> Any:
+    import torch
+
+    return _then_next_window(rank, _on_last_rank(rank, world, torch.tensor(1.0, device="meta")))
+
+
+def scenario_sparse_tensor(rank: int, world: int) -> Any:
+    import torch
+
+    return _then_next_window(rank, _on_last_rank(rank, world, torch.tensor([1.0]).to_sparse()))
+
+
+def scenario_quantized_tensor(rank: int, world: int) -> Any:
+    import torch
+
+    q = torch.quantize_per_tensor(torch.tensor([1.0]), 0.1, 0, torch.quint8)
+    return _then_next_window(rank, _on_last_rank(rank, world, q))
+
+
+def scenario_copy_fails(rank: int, world: int) -> Any:
+    """Any error while a tensor is copied to the host (a lost device, a driver error) on one rank."""
+    import contextlib
+
+    import torch
+
+    @contextlib.contextmanager
+    def broken_copies() -> Any:
+        # torch.stack gathers a window's tensors for their one host copy; the collectives don't use it
+        original = torch.stack
+
+        def stack(*args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("simulated device error while copying to the host")
+
+        torch.stack = stack
+        try:
+            yield
+        finally:
+            torch.stack = original
+
+    chunk = [{"grpo_kl_max": torch.tensor(0.5), "rollout_count": torch.tensor(3)}]
+    return _then_next_window(rank, chunk, during=broken_copies if rank == world - 1 else None)
+
+
+def scenario_value_raises(rank: int, world: int) -> Any:
+    import fractions
+
+    class Exploding(fractions.Fraction):
+        def __float__(self) -> float:
+            raise RuntimeError("this value cannot be read")
+
+    return _then_next_window(rank, _on_last_rank(rank, world, Exploding(1, 2)))
+
+
+def scenario_bad_step_on_one_rank(rank: int, world: int) -> Any:
+    step: Any = "40" if rank == world - 1 else 40
+    return _then_next_window(rank, [{"grpo_kl_max": 0.5}], step)
+
+
+def scenario_counters_disagree(rank: int, world: int) -> Any:
+    step = 5 if rank == 0 else 6
+    return _then_next_window(rank, [{"optimizer_step": step, "grad_norm": 1.0 + rank}])
+
+
+def scenario_gap_in_some_chunks(rank: int, world: int) -> Any:
+    with_gap = {"grpo_clip_frac": 0.1, "grpo_valid_token_count": 900, **GAP}
+    without = {"grpo_clip_frac": 0.2, "grpo_valid_token_count": 100}
+    return _then_next_window(rank, [with_gap, without])
+
+
+def scenario_gap_with_trainer_chunks(rank: int, world: int) -> Any:
+    """A chunk that carries none of grpo's keys (the trainer's own) does not count for the family."""
+    with_gap = {"grpo_clip_frac": 0.1, "grpo_valid_token_count": 900, **GAP}
+    return _reduce(GRPO_STEP, [with_gap, {"grad_norm": 2.0, "update_outcome": "applied"}], 41)
+
+
 SCENARIOS: dict[str, Callable[[int, int], Any]] = {
     "equal": scenario_equal,
     "count": scenario_count,
@@ -249,15 +353,28 @@ SCENARIOS: dict[str, Callable[[int, int], Any]] = {
     "steps_differ": scenario_steps_differ,
     "one_rank_only": scenario_one_rank_only,
     "still_in_step": scenario_still_in_step,
+    "meta_tensor": scenario_meta_tensor,
+    "sparse_tensor": scenario_sparse_tensor,
+    "quantized_tensor": scenario_quantized_tensor,
+    "copy_fails": scenario_copy_fails,
+    "value_raises": scenario_value_raises,
+    "bad_step_on_one_rank": scenario_bad_step_on_one_rank,
+    "counters_disagree": scenario_counters_disagree,
+    "gap_in_some_chunks": scenario_gap_in_some_chunks,
+    "gap_with_trainer_chunks": scenario_gap_with_trainer_chunks,
 }
 
 
-def _worker(rank: int, world: int, store: str, results: Any) -> None:
+def _worker(rank: int, world: int, store: str, results: Any, gather_max: int) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     report: dict[str, tuple[str, Any, float]] = {}
     try:
         import torch
         import torch.distributed as dist
+
+        from posttrain_metrics.core import distributed
+
+        distributed.GATHER_MAX_RANKS = gather_max  # 1: the two-all_reduce path of worlds beyond 64 ranks
 
         torch.set_num_threads(1)
         dist.init_process_group(
@@ -286,11 +403,12 @@ def _worker(rank: int, world: int, store: str, results: Any) -> None:
         pass
 
 
-def run_world(world: int, directory: Path) -> dict[int, dict[str, tuple[str, Any, float]]]:
+def run_world(world: int, directory: Path, gather_max: int) -> dict[int, dict[str, tuple[str, Any, float]]]:
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     store = directory / f"store-{world}"
-    procs = [ctx.Process(target=_worker, args=(r, world, str(store), results), daemon=True) for r in range(world)]
+    procs = [ctx.Process(target=_worker, args=(r, world, str(store), results, gather_max), daemon=True)
+             for r in range(world)]
     for p in procs:
         p.start()
     reports: dict[int, dict[str, tuple[str, Any, float]]] = {}
@@ -319,10 +437,23 @@ def run_world(world: int, directory: Path) -> dict[int, dict[str, tuple[str, Any
     return reports
 
 
-@pytest.fixture(scope="module", params=WORLD_SIZES, ids=lambda w: f"world{w}")
+PATHS = {"gather": GATHER_MAX_RANKS, "allreduce": 1}
+"""The collective path: one all_gather (up to 64 ranks), or, with the threshold lowered to 1 in the
+workers, the SUM and MAX all_reduces that worlds beyond 64 ranks take."""
+
+
+@pytest.fixture(
+    scope="module",
+    params=[(size, path) for path in PATHS for size in WORLD_SIZES],
+    ids=lambda p: f"world{p[0]}-{p[1]}",
+)
 def world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict[int, dict[str, tuple[str, Any, float]]]]:
-    size = request.param
-    return size, run_world(size, tmp_path_factory.mktemp(f"dist{size}"))
+    size, path = request.param
+    return size, run_world(size, tmp_path_factory.mktemp(f"dist{size}{path}"), PATHS[path])
+
+
+def path_of(request: pytest.FixtureRequest) -> str:
+    return str(request.node.callspec.params["world"][1])
 
 
 def outcomes(world: tuple[int, dict[int, dict[str, Any]]], scenario: str) -> list[tuple[str, Any, float]]:
@@ -370,8 +501,8 @@ def test_distributed_equals_reduce_metrics(world: tuple[int, Any]) -> None:
             assert_same_metrics(frames[step_index], expected)
 
 
-def test_two_collectives_per_step_after_one_handshake(world: tuple[int, Any]) -> None:
-    size = world[0]
+def test_two_collectives_per_step_after_one_handshake(world: tuple[int, Any], request: pytest.FixtureRequest) -> None:
+    size, gather = world[0], path_of(request) == "gather"
     adapters = [*(get_adapter(n) for n in GRPO_STEP), STAGES]
     for rank, (status, seen, _) in enumerate(outcomes(world, "count")):
         assert status == "ok", f"rank {rank}: {seen}"
@@ -379,14 +510,16 @@ def test_two_collectives_per_step_after_one_handshake(world: tuple[int, Any]) ->
         first, *rest = seen["per_step"]
         assert rest, "several steps were counted"
         for calls in rest:
-            assert 1 <= len(calls) <= 2, f"rank {rank}: {calls}"
-            if size <= GATHER_MAX_RANKS:  # one all_gather of both buffers
-                assert len(calls) == 1, f"rank {rank}: {calls}"
+            if gather:  # one all_gather of both buffers
+                assert len(calls) == 1 and "all_gather" in calls[0], f"rank {rank}: {calls}"
+            else:  # one SUM and one MAX all_reduce
+                assert calls == ["all_reduce", "all_reduce"], f"rank {rank}: {calls}"
         assert len(first) == len(rest[0]) + 1, f"rank {rank}: first step {first}, then {rest[0]}"
         for step, frame in zip((1, 2, 3), seen["frames"]):
             expected = reduce_metrics(adapters, full_data(adapters, size, step))
             assert_same_metrics(frame, expected)
-            assert frame == expected, "the gathered rows merge in rank order: bitwise the same figures"
+            if gather:
+                assert frame == expected, "the gathered rows merge in rank order: bitwise the same figures"
 
 
 @pytest.mark.parametrize("scenario", ["adapters_differ", "adapter_order_differs"])
@@ -441,3 +574,66 @@ def test_ranks_stay_in_step_after_errors(world: tuple[int, Any]) -> None:
         assert status == "ok", f"rank {rank}: {metrics}"
         assert metrics == {"train/kl_max": float(size - 1), "train/rollout_count": 2 * size}
         assert elapsed < FAST_S
+
+
+# -- a failure on one rank before the collective, and desynchronised ranks ---------------------------
+
+
+def assert_failed_then_in_step(world: tuple[int, Any], scenario: str, *needles: str) -> None:
+    """Every rank raised the first window's error (naming what and where), then reduced the next
+    window normally: max(rank) of kl_max and 2 rollouts per rank, at the next window's step."""
+    size = world[0]
+    for rank, (status, result, elapsed) in enumerate(outcomes(world, scenario)):
+        assert status == "ok", f"rank {rank} in {scenario}: {status} {result!r}"
+        assert elapsed < FAST_S, f"rank {rank} took {elapsed:.1f}s in {scenario}"
+        for needle in needles:
+            assert needle in result["first"], f"rank {rank}: {needle!r} not in {result['first']!r}"
+        assert result["after_step"] == NEXT_WINDOW
+        assert result["after"] == {"train/kl_max": float(size - 1), "train/rollout_count": 2 * size}
+
+
+@pytest.mark.parametrize(("scenario", "what"), [
+    ("meta_tensor", "meta tensor"),
+    ("sparse_tensor", "sparse"),
+    ("quantized_tensor", "quantized"),
+    ("value_raises", "cannot be read"),
+])
+def test_unreadable_value_on_one_rank_fails_everywhere_and_the_next_window_is_normal(
+    world: tuple[int, Any], scenario: str, what: str
+) -> None:
+    size = world[0]
+    assert_failed_then_in_step(world, scenario, f"rank {size - 1}", "grpo_kl_max")
+    _, detail, _ = outcomes(world, scenario)[size - 1]
+    assert what in detail["first"], detail["first"]  # the rank that saw it says what it was
+
+
+def test_copy_error_on_one_rank_fails_everywhere_and_the_next_window_is_normal(world: tuple[int, Any]) -> None:
+    size = world[0]
+    assert_failed_then_in_step(world, "copy_fails", f"rank {size - 1}")
+    _, detail, _ = outcomes(world, "copy_fails")[size - 1]
+    assert "simulated device error" in detail["first"]
+
+
+def test_bad_step_on_one_rank_fails_everywhere_and_the_next_window_is_normal(world: tuple[int, Any]) -> None:
+    size = world[0]
+    assert_failed_then_in_step(world, "bad_step_on_one_rank", f"rank {size - 1}", "step")
+
+
+def test_disagreeing_exact_counter_fails_on_every_rank(world: tuple[int, Any]) -> None:
+    # rank 0 reports optimizer step 5 and the others 6: never the average
+    assert_failed_then_in_step(world, "counters_disagree", "optim/optimizer_step", "from 5 to 6", "desynchronised")
+
+
+def test_family_in_some_chunks_of_every_rank_fails_on_every_rank(world: tuple[int, Any]) -> None:
+    size = world[0]
+    # each rank: one chunk with the gap family and one grpo chunk without: size of 2*size chunks
+    assert_failed_then_in_step(world, "gap_in_some_chunks", "logprob_gap", f"{size} of the {2 * size} chunks")
+
+
+def test_trainer_only_chunks_do_not_count_for_the_family(world: tuple[int, Any]) -> None:
+    size = world[0]
+    for rank, (status, metrics, _) in enumerate(outcomes(world, "gap_with_trainer_chunks")):
+        assert status == "ok", f"rank {rank}: {metrics}"
+        assert metrics["train/logprob_gap_token_count"] == 800 * size
+        assert metrics["train/valid_token_count"] == 900 * size
+        assert metrics["optim/update_outcome"] == "applied"

@@ -254,12 +254,13 @@ def test_steps_and_adapters_given_wrong() -> None:
     (torch.tensor(2.0, requires_grad=True) * 1.5, 3.0),
 ])
 def test_numpy_and_torch_scalars_are_typed(value: Any, want: Any) -> None:
-    # LAST returns the exact value with its type when every rank agrees
+    # LAST returns the exact value with its type when every rank agrees (grad_norm is LAST and,
+    # unlike the optimizer counters, not a count, so a negative value is a value here)
     for result in (
-        reduce_metrics("trainer", [[{"optimizer_step": value}], [{"optimizer_step": value}]]),
-        _local("trainer", {"optimizer_step": value}),
+        reduce_metrics("trainer", [[{"grad_norm": value}], [{"grad_norm": value}]]),
+        _local("trainer", {"grad_norm": value}),
     ):
-        got = result["optim/optimizer_step"]
+        got = result["train/grad_norm"]
         assert got == want
         assert type(got) is type(want)
 

@@ -56,10 +56,12 @@ def full_chunk(adapters: Sequence[MetricAdapter], rng: random.Random, *, last: b
                 chunk[source] = rng.randint(1, 3000)
             elif r is R.CATEGORICAL:
                 chunk[source] = metric.labels[1] if last else metric.labels[0]
-            elif r is R.LAST and metric.namespace == "optim":
+            elif r is R.AGREED:
                 chunk[source] = 40 + rng.randint(1, 9) * (not last)  # ranks end on the same counter
             elif r is R.POOLED_STD:
                 chunk[source] = rng.uniform(0.1, 1.0)
+            elif source in adapter.counts:
+                chunk[source] = rng.randint(1, 30)
             else:
                 chunk[source] = rng.uniform(0.1, 3.0) * rng.choice([-1, 1])
     return chunk
@@ -210,14 +212,15 @@ def test_an_idle_worker_sends_almost_nothing() -> None:
 
 def test_exported_state_example_fields() -> None:
     state = export("grpo", [{"grpo_kl_max": 1.5}], "actor-3", step=12)
-    assert state["format"] == FORMAT and state["version"] == VERSION == 1
+    assert state["format"] == FORMAT and state["version"] == VERSION == 2
     assert (state["worker"], state["step"], state["phase"], state["adapters"]) == ("actor-3", 12, "train", ["grpo"])
     assert len(state["layout"]) == 13 and int(state["layout"], 16) >= 0
     assert state["errors"] == []
     n_set = sum(bin(b).count("1") for b in base64.b64decode(state["mask"]))
     values = struct.unpack(f"<{n_set}d", base64.b64decode(state["values"]))
-    # SUM: ranks active, the adapter active, kl_max present; MAX: step, -step, phase, -phase, kl_max, its type
-    assert values == (1.0, 1.0, 1.0, 12.0, -12.0, 0.0, -0.0, 1.5, 2.0)
+    # SUM: ranks active, chunks carrying grpo keys, kl_max present, kl_max contributions;
+    # MAX: step, -step, phase, -phase, kl_max, its type
+    assert values == (1.0, 1.0, 1.0, 1.0, 12.0, -12.0, 0.0, -0.0, 1.5, 2.0)
 
 
 # -- producer bugs on the driver, naming the worker ---------------------------------------------------------
@@ -292,7 +295,7 @@ def test_steps_phases_and_duplicates_name_the_workers() -> None:
 
 
 def good() -> dict[str, Any]:
-    return export(GRPO_STEP, [OK_CHUNK, {"grpo_kl_max": 2.0, "update_outcome": "applied"}], "actor-0", step=7)
+    return export(GRPO_STEP, [OK_CHUNK, {"grpo_kl_max": 2.0, "update_outcome": "applied", **GAP}], "actor-0", step=7)
 
 
 def buffers(state: Mapping[str, Any]) -> PackedState:
@@ -326,7 +329,7 @@ HOSTILE: dict[str, tuple[Callable[[dict[str, Any]], Any], str]] = {
     "deep JSON": (lambda s: "[" * 100_000 + "]" * 100_000, "not valid JSON"),
     "other format": (_set("format", "other/thing"), "not a posttrain-metrics window state"),
     "no format": (lambda s: {k: v for k, v in s.items() if k != "format"}, "not a posttrain-metrics window state"),
-    "newer version": (_set("version", 2), "format version 2"),
+    "newer version": (_set("version", 3), "format version 3"),
     "bool version": (_set("version", True), "format version True"),
     "no worker": (_set("worker", None), "no valid worker id"),
     "empty worker": (_set("worker", ""), "no valid worker id"),

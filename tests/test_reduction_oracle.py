@@ -74,10 +74,15 @@ def oracle(adapters: Sequence[MetricAdapter], per_rank_chunks: Chunks, phase: st
                 out[key] = sum(v * w for v, w in pairs) / total if total > 0 else 0.0
             elif r is R.SUM:
                 out[key] = int(sum(values)) if all(_is_int(v) for v in values) else float(sum(values))
-            elif r is R.MAX:
-                out[key] = _widest(values, max(values))
-            elif r is R.MIN:
-                out[key] = _widest(values, min(values))
+            elif r in (R.MAX, R.MIN):
+                if weight:  # a contribution that counted nothing holds no extremum
+                    values = [chunk[source] for _, chunk in seen if chunk.get(weight, 1) != 0]
+                    if not values:
+                        continue
+                if any(isinstance(v, float) and math.isnan(v) for v in values):
+                    out[key] = math.nan
+                else:
+                    out[key] = _widest(values, max(values) if r is R.MAX else min(values))
             elif r is R.MEAN:
                 out[key] = sum(values) / len(values)
             elif r is R.LAST:
@@ -87,9 +92,21 @@ def oracle(adapters: Sequence[MetricAdapter], per_rank_chunks: Chunks, phase: st
                     out[key] = _widest(per_rank, per_rank[0])
                 else:
                     out[key] = sum(float(v) for v in per_rank) / len(per_rank)
+            elif r is R.AGREED:
+                last = {rank: chunk[source] for rank, chunk in seen}
+                per_rank = list(last.values())
+                if any(v != per_rank[0] for v in per_rank):
+                    raise OracleDisagreement(key)
+                out[key] = _widest(per_rank, per_rank[0])
             elif r is R.POOLED_STD:
                 assert metric.mean is not None
                 mean_source = adapter.source_of_leaf(metric.mean)
+                if metric.second_moment:  # std^2 = E[x^2] - E[x]^2 over the same contributions
+                    moment = adapter.source_of_leaf(metric.second_moment)
+                    e_x = sum(chunk[mean_source] for _, chunk in seen) / len(seen)
+                    e_x2 = sum(chunk[moment] for _, chunk in seen) / len(seen)
+                    out[key] = math.sqrt(max(e_x2 - e_x * e_x, 0.0))
+                    continue
                 triples = [
                     (chunk[mean_source], chunk[source], chunk[weight] if weight else 1)
                     for _, chunk in seen
@@ -152,6 +169,8 @@ def adapter_for(reduction: Reduction, *, counted: bool = True) -> MetricAdapter:
         metrics.append(Metric("x", reduction, "pooled", weight="n" if counted else None, mean="mu"))
     elif reduction is R.CATEGORICAL:
         metrics.append(Metric("x", reduction, "label", labels=("red", "green", "blue")))
+    elif reduction in (R.MAX, R.MIN) and counted:
+        metrics.append(Metric("x", reduction, reduction.name, weight="n"))
     else:
         metrics.append(Metric("x", reduction, reduction.name))
     metrics.append(Metric("never", reduction if reduction is R.SUM else R.MEAN, "reported by nobody"))
@@ -175,6 +194,7 @@ def toy_chunks(reduction: Reduction, layout: Sequence[int], kind: str, seed: int
     rng = random.Random(seed)
     out: list[list[dict[str, Any]]] = []
     label = rng.choice(["red", "green", "blue"])  # the window's final label, the same on every rank
+    agreed = _value(kind, rng) if kind != "label" else 0  # the window's exact counter, the same on every rank
     for n_chunks in layout:
         chunks = []
         for c in range(n_chunks):
@@ -185,6 +205,8 @@ def toy_chunks(reduction: Reduction, layout: Sequence[int], kind: str, seed: int
                 continue
             if reduction is R.CATEGORICAL:
                 chunk["t_x"] = label if last else rng.choice(["red", "green", "blue"])
+            elif reduction is R.AGREED:  # identical on every rank at the window's last chunk
+                chunk["t_x"] = agreed if last else _value(kind, rng)
             elif reduction is R.POOLED_STD:
                 chunk["t_mu"] = rng.uniform(-3.0, 3.0)
                 chunk["t_x"] = rng.choice([0.0, rng.uniform(0.0, 2.0)])
@@ -204,6 +226,7 @@ KINDS = {
     R.MIN: ["float", "int", "bool", "mixed"],
     R.MEAN: ["float", "int", "mixed"],
     R.LAST: ["float", "int", "bool", "mixed"],
+    R.AGREED: ["float", "int", "bool", "mixed"],
     R.POOLED_STD: ["float"],
     R.CATEGORICAL: ["label"],
 }
@@ -407,10 +430,12 @@ def generic_chunk(adapter: MetricAdapter, rng: random.Random, *, last: bool, ski
         elif r in (R.MAX, R.MIN):
             chunk[source] = rng.randint(0, 512) if metric.unit in ("tokens", "rounds", "calls") else rng.uniform(0, 20)
         elif r is R.LAST:
-            if metric.namespace == "optim":
-                chunk[source] = rng.random() < 0.5 if source.endswith(("skipped", "enabled")) else rng.randint(0, 99)
-            else:
-                chunk[source] = rng.uniform(0.0, 3.0)
+            chunk[source] = rng.uniform(0.0, 3.0)
+        elif r is R.AGREED:  # the same on every rank at the last chunk, as a real run's counters are
+            fixed = zlib.crc32(source.encode())
+            value_rng = random.Random(fixed) if last else rng
+            flag = source.endswith(("skipped", "enabled", "warmup"))
+            chunk[source] = (value_rng.random() < 0.5) if flag else value_rng.randint(0, 99)
         elif r is R.CATEGORICAL:
             if source == "update_outcome":
                 chunk[source] = "applied" if last else "accumulating"
@@ -509,7 +534,7 @@ INVARIANT = [r for r in Reduction if r.partition_invariant]
 
 
 def test_partition_invariance_flags() -> None:
-    assert set(INVARIANT) == set(Reduction) - {R.LAST, R.CATEGORICAL}
+    assert set(INVARIANT) == set(Reduction) - {R.LAST, R.AGREED, R.CATEGORICAL}
 
 
 def test_last_depends_on_the_partition() -> None:
@@ -616,6 +641,6 @@ def test_repartition_does_not_change_invariant_reductions(units: list[dict[str, 
 def test_every_reduction_matches_oracle_on_random_layouts(
     layout: list[int], seed: int, reduction: Reduction, kind: str
 ) -> None:
-    if reduction not in (R.SUM, R.MAX, R.MIN, R.LAST):
+    if reduction not in (R.SUM, R.MAX, R.MIN, R.LAST, R.AGREED):
         kind = "float"
     check([adapter_for(reduction)], toy_chunks(reduction, layout, kind, seed))

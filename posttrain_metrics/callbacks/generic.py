@@ -26,6 +26,7 @@ from typing import Any
 
 from ..core.errors import MetricsError
 from ..core.frame import Frame
+from ..core.layout import RefusedChunk
 from ..core.reducer import AdapterSpec, MetricReducer
 from ..integrations.base import Sink
 from ..integrations.factory import build_sink, plain, safe_name
@@ -41,7 +42,9 @@ class MetricsCallback:
     sink objects or configs (``{"type": "tensorboard"}``); file-backed sinks write under
     ``out_dir``. Sinks are constructed on every rank (constructors do no I/O) but only global rank
     0 starts and writes them. Use as a context manager, or call ``on_run_end`` in a ``finally``:
-    it is idempotent and also runs at interpreter exit.
+    it is idempotent and also runs at interpreter exit. Under a launcher that started several ranks
+    (``WORLD_SIZE`` > 1), reduce refuses until torch.distributed is initialised, unless ``local=True``
+    says that a per-rank local reduction is deliberate.
     """
 
     def __init__(
@@ -53,6 +56,7 @@ class MetricsCallback:
         run_name: str | None = None,
         run_id: str | None = None,
         group: Any = None,
+        local: bool = False,
     ) -> None:
         adapters, sinks = plain(adapters), plain(sinks)
         if not isinstance(sinks, list):
@@ -64,7 +68,7 @@ class MetricsCallback:
         # One reducer per phase, over the adapters that publish it: the reward report and the
         # validation adapter both take bare source names (reward_std) but never share a phase.
         self._reducers = {
-            phase: MetricReducer([a for a in self.publisher.adapters if phase in a.phases], group=group)
+            phase: MetricReducer([a for a in self.publisher.adapters if phase in a.phases], group=group, local=local)
             for phase in ("train", "val")
             if any(phase in a.phases for a in self.publisher.adapters)
         }
@@ -80,7 +84,7 @@ class MetricsCallback:
         self.publisher.start(plain(config) if config is not None else None)
         self._started = True
 
-    def on_chunk_end(self, metrics: Mapping[str, Any]) -> None:
+    def on_chunk_end(self, metrics: Mapping[str, Any] | RefusedChunk) -> None:
         """One gradient-accumulation chunk's source-name metrics (every rank)."""
         self._reducer("train").add(metrics)
 
@@ -88,11 +92,17 @@ class MetricsCallback:
         """End of an optimizer window: reduce on every rank, publish on rank 0."""
         return self._publish(self._reducer("train").reduce(step, phase="train"))
 
-    def on_validation_end(self, step: int, metrics: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> Frame:
-        """This rank's validation metrics (one chunk dict or a list of them), reduced under ``val/``."""
+    def on_validation_end(
+        self, step: int, metrics: Mapping[str, Any] | Sequence[Mapping[str, Any] | RefusedChunk]
+    ) -> Frame:
+        """This rank's validation metrics (one chunk dict or a list of them), reduced under ``val/``.
+
+        Atomic on every rank: a chunk that cannot be taken (not a dict, a bad value) fails the whole
+        call with a ``MetricsError`` on every rank, after this rank has joined the collective, and
+        leaves nothing pending for the next validation."""
         reducer = self._reducer("val")
-        for chunk in [metrics] if isinstance(metrics, Mapping) else metrics:
-            reducer.add(chunk)
+        many = isinstance(metrics, Sequence) and not isinstance(metrics, (str, bytes))
+        reducer.add_window(list(metrics) if many else [metrics])
         return self._publish(reducer.reduce(step, phase="val"))
 
     def on_run_end(self, failed: bool = False) -> None:
@@ -136,7 +146,7 @@ def build_callback(config: Mapping[str, Any]) -> MetricsCallback:
     if target not in (None, "posttrain_metrics.callbacks.MetricsCallback",
                       "posttrain_metrics.callbacks.generic.MetricsCallback"):
         raise MetricsError(f"_target_ {target!r} is not posttrain_metrics.callbacks.MetricsCallback")
-    allowed = {"adapters", "sinks", "out_dir", "run_name", "run_id"}
+    allowed = {"adapters", "sinks", "out_dir", "run_name", "run_id", "local"}
     unknown = sorted(set(options) - allowed)
     if unknown:
         raise MetricsError(f"unknown callback option(s) {unknown}; it takes {sorted(allowed)}")

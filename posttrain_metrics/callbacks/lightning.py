@@ -33,7 +33,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..core.errors import MetricsError
+from ..core.layout import RefusedChunk
 from ..core.reducer import AdapterSpec
 from ..integrations.base import Sink
 from ..integrations.factory import plain
@@ -82,14 +82,16 @@ class LightningMetricsCallback(Callback):  # type: ignore[misc]
         )
         self.output_key = output_key
         self._seen_step: int | None = None
-        self._val_chunks: list[Mapping[str, Any]] = []
+        self._val_chunks: list[Mapping[str, Any] | RefusedChunk] = []
 
-    def _chunk(self, outputs: Any, hook: str) -> Mapping[str, Any] | None:
+    def _chunk(self, outputs: Any, hook: str) -> Mapping[str, Any] | RefusedChunk | None:
         if not isinstance(outputs, Mapping) or self.output_key not in outputs:
             return None  # a bare loss, or a step that returned nothing: this batch adds no chunk
         chunk = outputs[self.output_key]
         if not isinstance(chunk, Mapping):
-            raise MetricsError(
+            # Recorded, not raised here: this rank still joins the window's collective, and every
+            # rank raises it there (raising on one rank alone would leave the others waiting).
+            return RefusedChunk(
                 f"{hook} returned {self.output_key!r}: {type(chunk).__name__} {chunk!r:.60}; fix: return a "
                 f"dict of source names to values, e.g. {{'loss': loss, {self.output_key!r}: "
                 "{'grpo_clip_frac': frac, 'grpo_valid_token_count': tokens}}"

@@ -37,6 +37,7 @@ from ..core.catalog.trl import passthrough_leaf
 from ..core.distributed import global_rank
 from ..core.errors import MetricsError
 from ..core.frame import Frame
+from ..core.layout import RefusedChunk
 from ..core.reducer import AdapterSpec
 from ..core.values import Scalar
 from ..integrations.base import Sink
@@ -262,10 +263,11 @@ class PosttrainMetricsCallback(TrainerCallback, MetricsCallback):  # type: ignor
 
     # -- the per-micro-batch path -----------------------------------------------------------------
 
-    def on_chunk_end(self, metrics: Mapping[str, Any]) -> None:
+    def on_chunk_end(self, metrics: Mapping[str, Any] | RefusedChunk) -> None:
         """One micro-batch's source-name metrics, on every rank (call it from ``compute_loss``)."""
         super().on_chunk_end(metrics)
-        self._recorded.update(metrics)
+        if isinstance(metrics, Mapping):
+            self._recorded.update(metrics)
 
     # -- Trainer events ---------------------------------------------------------------------------
 

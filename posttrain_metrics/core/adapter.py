@@ -15,6 +15,8 @@ from .reduction import Reduction
 
 __all__ = ["PHASES", "Metric", "MetricAdapter"]
 
+_WEIGHTED = (Reduction.WEIGHTED_MEAN, Reduction.POOLED_STD, Reduction.MAX, Reduction.MIN)
+
 PHASES = frozenset({"train", "val"})
 """The phases a frame can be published under; a metric without a fixed namespace takes the phase."""
 
@@ -24,10 +26,15 @@ class Metric:
     """One public key: its leaf, how it aggregates, and what it means.
 
     ``weight`` names (by leaf) the summed key that weights a ``WEIGHTED_MEAN``, or the count of a
-    ``POOLED_STD``; ``mean`` names the mean a ``POOLED_STD`` is pooled around. ``namespace`` fixes
-    the prefix (``optim``, ``timer``) instead of taking the phase. ``family`` groups keys that a
-    producer emits all together or not at all. ``headline_if`` names a key that must be positive for
-    this headline key to be shown (``kl_mean`` only when ``kl_beta > 0``).
+    ``POOLED_STD`` or of a ``MAX``/``MIN`` extremum (a contribution that counted nothing holds no
+    extremum); ``mean`` names the mean a ``POOLED_STD`` is pooled around, and ``second_moment`` the
+    second moment it is derived from instead of the reported std. ``count`` marks a count of things
+    (tokens, groups, optimizer steps): every contribution must be finite and ``>= 0``; a key that
+    weights or counts another is a count whether or not it says so. ``namespace`` fixes the prefix
+    (``optim``, ``timer``) instead of taking the phase. ``family`` groups keys that a producer emits
+    all together or not at all, in every chunk of a window that carries the adapter's keys.
+    ``headline_if`` names a key that must be positive for this headline key to be shown (``kl_mean``
+    only when ``kl_beta > 0``).
 
     >>> Metric("kl_max", Reduction.MAX, "Largest per-token K3 penalty of the step").leaf
     'kl_max'
@@ -45,6 +52,8 @@ class Metric:
     headline_if: str | None = None
     family: str | None = None
     source: str | None = None
+    second_moment: str | None = None
+    count: bool = False
 
 
 class MetricAdapter:
@@ -111,16 +120,17 @@ class MetricAdapter:
         needs_weight = metric.reduction is Reduction.WEIGHTED_MEAN
         if needs_weight and metric.weight is None:
             raise MetricsError(f"{where}: a weighted mean needs weight=<leaf of a summed key>")
-        if metric.weight is not None and metric.reduction not in (
-            Reduction.WEIGHTED_MEAN,
-            Reduction.POOLED_STD,
-        ):
+        if metric.weight is not None and metric.reduction not in _WEIGHTED:
             raise MetricsError(
                 f"{where}: weight={metric.weight!r} given to a {metric.reduction.name} key; fix: "
-                "only WEIGHTED_MEAN and POOLED_STD keys take a weight"
+                "only WEIGHTED_MEAN, POOLED_STD, MAX and MIN keys take a weight or count"
             )
         if (metric.reduction is Reduction.POOLED_STD) != (metric.mean is not None):
             raise MetricsError(f"{where}: mean=<leaf> is required by POOLED_STD and only by it")
+        if metric.second_moment is not None and metric.reduction is not Reduction.POOLED_STD:
+            raise MetricsError(f"{where}: second_moment=<leaf> is taken by POOLED_STD keys only")
+        if metric.count and metric.reduction in (Reduction.CATEGORICAL, Reduction.POOLED_STD):
+            raise MetricsError(f"{where}: count=True marks a number of things; a {metric.reduction.name} key is not one")
         if (metric.reduction is Reduction.CATEGORICAL) != bool(metric.labels):
             raise MetricsError(f"{where}: labels=(...) are required by CATEGORICAL and only by it")
         if len(set(metric.labels)) != len(metric.labels):
@@ -137,7 +147,9 @@ class MetricAdapter:
 
     def _check_references(self, source: str, metric: Metric) -> None:
         where = f"adapter {self.name!r}, leaf {metric.leaf!r}"
-        for role, leaf in (("weight", metric.weight), ("mean", metric.mean), ("headline_if", metric.headline_if)):
+        roles = (("weight", metric.weight), ("mean", metric.mean), ("second_moment", metric.second_moment),
+                 ("headline_if", metric.headline_if))
+        for role, leaf in roles:
             if leaf is None:
                 continue
             if leaf not in self._by_leaf:
@@ -257,6 +269,12 @@ class MetricAdapter:
     @property
     def categorical(self) -> dict[str, tuple[str, ...]]:
         return {s: m.labels for s, m in self.metrics.items() if m.reduction is Reduction.CATEGORICAL}
+
+    @property
+    def counts(self) -> frozenset[str]:
+        """Source names of counts: declared ``count=True``, or the weight or count of another key."""
+        referenced = {m.weight for m in self.metrics.values() if m.weight is not None}
+        return frozenset(s for s, m in self.metrics.items() if m.count or m.leaf in referenced)
 
     @property
     def families(self) -> dict[str, frozenset[str]]:

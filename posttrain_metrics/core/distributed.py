@@ -13,7 +13,14 @@ from typing import Any
 from .errors import MetricsError
 from .layout import PackedState
 
-__all__ = ["all_reduce_state", "global_rank", "group_rank_and_size", "handshake"]
+__all__ = [
+    "all_reduce_state",
+    "global_rank",
+    "group_rank_and_size",
+    "handshake",
+    "launcher_world_size",
+    "refuse_launcher_without_group",
+]
 
 
 def _dist() -> Any | None:
@@ -42,6 +49,29 @@ def global_rank() -> int:
         return int(os.environ.get("RANK", "0"))
     except ValueError:
         return 0
+
+
+def launcher_world_size() -> int:
+    """The number of processes a launcher (torchrun, accelerate, Lightning, deepspeed) started, from
+    its ``WORLD_SIZE``; 1 when there is none or it cannot be read."""
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return 1
+
+
+def refuse_launcher_without_group() -> None:
+    """Raise when a launcher started several ranks but torch.distributed is not initialised: each
+    rank would reduce only its own chunks and rank 0 would publish them as the global figure."""
+    world = launcher_world_size()
+    if world > 1:
+        raise MetricsError(
+            f"WORLD_SIZE={world} says a launcher started {world} ranks, but torch.distributed is not "
+            "initialised, so this rank would reduce only its own chunks and rank 0 would publish them "
+            "as the global figure. Fix: call torch.distributed.init_process_group() before the first "
+            "reduce, or pass local=True (MetricReducer, MetricsCallback) if a per-rank local "
+            "reduction is what you want"
+        )
 
 
 def _device(dist: Any, group: Any) -> str:

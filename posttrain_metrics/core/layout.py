@@ -18,12 +18,12 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from .adapter import Metric, MetricAdapter
+from .adapter import PHASES, Metric, MetricAdapter
 from .errors import MetricsError
 from .reduction import Reduction
 from .values import MAX_EXACT_INT, BadValue, Scalar, to_scalar
 
-__all__ = ["Layout", "PackedState", "merge"]
+__all__ = ["Layout", "PackedState", "RefusedChunk", "merge", "suggest"]
 
 NEG_INF = float("-inf")
 
@@ -34,13 +34,18 @@ _BOOL, _INT, _FLOAT = 0.0, 1.0, 2.0
 _SLOTS: dict[Reduction, tuple[tuple[str, ...], tuple[str, ...]]] = {
     Reduction.WEIGHTED_MEAN: (("vw", "w"), ()),
     Reduction.SUM: (("sum",), ("type",)),
-    Reduction.MAX: (("nan",), ("max", "type")),
-    Reduction.MIN: (("nan",), ("negmin", "type")),
+    Reduction.MAX: (("n", "nan"), ("max", "type")),
+    Reduction.MIN: (("n", "nan"), ("negmin", "type")),
     Reduction.MEAN: (("sum", "n"), ()),
     Reduction.LAST: (("sum", "nan"), ("max", "negmin", "type")),
+    Reduction.AGREED: (("sum", "nan"), ("max", "negmin", "type")),
     Reduction.POOLED_STD: (("n", "nm", "nss", "nmm"), ("mmax", "negmmin")),
     Reduction.CATEGORICAL: ((), ()),  # one-hot slots, one per label, follow presence
 }
+
+LAYOUT_VERSION = 2
+"""Part of every layout's fingerprint: bumped whenever the slots or their meaning change, so ranks
+(or workers) running different versions of this module refuse to merge instead of mixing slots."""
 
 
 class Code:
@@ -52,14 +57,20 @@ class Code:
     BAD_WEIGHT = 4
     MISSING_PARTNER = 5
     PARTIAL_FAMILY = 6
+    BAD_CHUNK = 7
+    BAD_WINDOW = 8
+    UNREADABLE = 9
 
     TEXT: ClassVar[dict[int, str]] = {
         UNKNOWN_KEY: "an undeclared source name",
-        BAD_VALUE: "a value that is not a number",
+        BAD_VALUE: "a value that is not a number, or could not be read",
         BAD_LABEL: "a label outside the declared set",
-        BAD_WEIGHT: "a negative or non-finite weight",
+        BAD_WEIGHT: "a negative or non-finite count or weight",
         MISSING_PARTNER: "a weighted value without its weight in the same chunk",
         PARTIAL_FAMILY: "a partial all-or-nothing family",
+        BAD_CHUNK: "a chunk that is not a mapping of source names to values",
+        BAD_WINDOW: "a bad step or phase",
+        UNREADABLE: "an error while reading the window",
     }
 
 
@@ -77,6 +88,8 @@ class _Key:
     m: int  # offset of the reduction's MAX slots
     weight: str | None  # source name of the weight or count
     mean: str | None  # source name of the pooled std's mean
+    second_moment: str | None  # source name of the pooled std's second moment
+    count: bool  # a count of things: finite and >= 0
 
     @property
     def reduction(self) -> Reduction:
@@ -108,8 +121,9 @@ def merge(a: PackedState, b: PackedState) -> PackedState:
 class Layout:
     """Fixed slots for every declared key of a set of adapters."""
 
-    # Global slots. SUM: ranks that added a chunk, ranks with an error. MAX: worst error, step and
-    # phase (with negations, so a disagreement between ranks shows as max != min).
+    # Global slots. SUM: ranks that added a chunk, ranks with an error, then per adapter the chunks
+    # that carried any of its keys and per all-or-nothing family the chunks that carried it. MAX:
+    # worst error, step and phase (with negations, so a disagreement shows as max != min).
     ACTIVE, ERROR_RANKS = 0, 1
     WORST, STEP, NEG_STEP, PHASE, NEG_PHASE = 0, 1, 2, 3, 4
 
@@ -117,10 +131,20 @@ class Layout:
         self.adapters = tuple(adapters)
         self.keys: dict[str, _Key] = {}
         self.ignored: frozenset[str] = frozenset().union(*(a.ignored for a in self.adapters))
+        self.families = [
+            (adapter_index, tuple(sorted(sources)))
+            for adapter_index, adapter in enumerate(self.adapters)
+            for sources in adapter.families.values()
+        ]
+        self.adapter_slot = {a.name: 2 + i for i, a in enumerate(self.adapters)}
+        """SUM slot counting the chunks that carried any key of the adapter, by adapter name."""
+        self.family_slot = [2 + len(self.adapters) + i for i in range(len(self.families))]
+        """SUM slot counting the chunks that carried the family, by index into ``families``."""
         owner: dict[str, str] = {}
         published: dict[tuple[str | None, str], str] = {}
-        s, m = 2 + len(self.adapters), 5
+        s, m = 2 + len(self.adapters) + len(self.families), 5
         for adapter in self.adapters:
+            counts = adapter.counts
             for source, metric in adapter.metrics.items():
                 if source in owner or (source in self.ignored and source not in adapter.ignored):
                     raise MetricsError(
@@ -145,23 +169,21 @@ class Layout:
                     m=m,
                     weight=adapter.source_of_leaf(metric.weight) if metric.weight else None,
                     mean=adapter.source_of_leaf(metric.mean) if metric.mean else None,
+                    second_moment=(
+                        adapter.source_of_leaf(metric.second_moment) if metric.second_moment else None
+                    ),
+                    count=source in counts,
                 )
                 self.keys[source] = key
                 s += 1 + len(sum_slots) + len(metric.labels)
                 m += len(max_slots)
         self.sum_size, self.max_size = s, m
-        self.families = [
-            (adapter_index, tuple(sources))
-            for adapter_index, adapter in enumerate(self.adapters)
-            for sources in adapter.families.values()
-        ]
-        self._adapter_index = {a.name: i for i, a in enumerate(self.adapters)}
         spec = [
-            (k.source, k.metric.leaf, k.reduction.value, k.weight, k.mean, k.metric.labels,
-             k.metric.namespace, k.metric.family)
+            (k.source, k.metric.leaf, k.reduction.value, k.weight, k.mean, k.second_moment, k.count,
+             k.metric.labels, k.metric.namespace, k.metric.family)
             for k in self.keys.values()
         ]
-        digest = hashlib.sha256(repr(spec).encode()).hexdigest()
+        digest = hashlib.sha256(repr((LAYOUT_VERSION, spec)).encode()).hexdigest()
         self.fingerprint = float(int(digest[:13], 16))  # 52 bits: exact in float64
 
     # -- one rank ------------------------------------------------------------------------------
@@ -169,23 +191,42 @@ class Layout:
     def empty(self) -> PackedState:
         return PackedState([0.0] * self.sum_size, [NEG_INF] * self.max_size)
 
+    def record(self, state: PackedState, code: int, key: _Key | None, rank: int, message: str) -> None:
+        """Record a producer bug in ``state``: it travels in the buffers, and every rank raises it
+        in :meth:`read` after the collectives."""
+        encoded = code * _CODE_BITS + (key.index if key else 0) * _KEY_BITS + rank
+        state.errors.setdefault(encoded, f"rank {rank}: {message}")
+        state.sum[self.ERROR_RANKS] = 1.0
+        state.max[self.WORST] = max(state.max[self.WORST], float(encoded))
+
     def accumulate(
-        self, chunks: Sequence[Mapping[str, Any]], *, rank: int = 0, step: int = 0, phase: str = "train"
+        self,
+        chunks: Sequence[Mapping[str, Any]],
+        *,
+        rank: int = 0,
+        step: int | None = 0,
+        phase: str = "train",
     ) -> PackedState:
         """The packed state of one rank's window. Producer bugs are recorded, not raised, so that
-        the rank still joins the collectives and every rank raises together in :meth:`read`."""
+        the rank still joins the collectives and every rank raises together in :meth:`read`. A
+        ``step`` of ``None`` (one that could not be read, recorded by the caller) leaves the step
+        slots empty."""
         state = self.empty()
         S, M = state.sum, state.max
-        M[self.STEP], M[self.NEG_STEP] = float(step), -float(step)
-        phase_id = float(phase == "val")
-        M[self.PHASE], M[self.NEG_PHASE] = phase_id, -phase_id
+        if step is not None:
+            M[self.STEP], M[self.NEG_STEP] = float(step), -float(step)
+        if isinstance(phase, str) and phase in PHASES:
+            phase_id = float(phase == "val")
+            M[self.PHASE], M[self.NEG_PHASE] = phase_id, -phase_id
         last: dict[str, Scalar] = {}
 
         def fail(code: int, key: _Key | None, message: str) -> None:
-            encoded = code * _CODE_BITS + (key.index if key else 0) * _KEY_BITS + rank
-            state.errors.setdefault(encoded, f"rank {rank}: {message}")
+            self.record(state, code, key, rank, message)
 
         for c, chunk in enumerate(chunks):
+            if isinstance(chunk, RefusedChunk):
+                fail(Code.BAD_CHUNK, None, f"chunk {c}: {chunk.reason}")
+                continue
             values: dict[str, Scalar] = {}
             for source, raw in chunk.items():
                 key = self.keys.get(source)
@@ -196,16 +237,35 @@ class Layout:
                 try:
                     if isinstance(raw, BadValue):
                         raise raw
-                    values[source] = to_scalar(raw)
+                    value = to_scalar(raw)
+                    if key.count and not isinstance(value, str) and not 0.0 <= float(value) < math.inf:
+                        users = sorted(k.source for k in self.keys.values() if k.weight == source and k.source in chunk)
+                        weights = f" (it weights {', '.join(map(repr, users))} in this chunk)" if users else ""
+                        fail(
+                            Code.BAD_WEIGHT, key,
+                            f"{self._where(key, c)} got {value!r}; it is a count (of tokens, sequences, "
+                            f"groups, steps...), so it must be finite and >= 0{weights}; fix the producer "
+                            "of that count",
+                        )
+                        continue
+                    values[source] = value
                 except BadValue as exc:
                     fail(Code.BAD_VALUE, key, f"{self._where(key, c)} got {exc}")
-            for _adapter_index, family in self.families:
-                present = [s for s in family if s in chunk]
-                if present and len(present) != len(family):
-                    missing = sorted(set(family) - set(present))
-                    key = self.keys[present[0]]
+                except Exception as exc:  # a value that breaks while being read is a bad value too
                     fail(
-                        Code.PARTIAL_FAMILY, key,
+                        Code.BAD_VALUE, key,
+                        f"{self._where(key, c)} got a {type(raw).__name__} that cannot be read "
+                        f"({type(exc).__name__}: {str(exc)[:200]}); fix: pass a plain number",
+                    )
+            for family_index, (_adapter_index, family) in enumerate(self.families):
+                present = [s for s in family if s in chunk]
+                if not present:
+                    continue
+                S[self.family_slot[family_index]] += 1.0
+                if len(present) != len(family):
+                    missing = sorted(set(family) - set(present))
+                    fail(
+                        Code.PARTIAL_FAMILY, self.keys[present[0]],
                         f"chunk {c} carries {sorted(present)} without {missing}; these keys are "
                         "emitted all together or not at all (a partial record is a producer bug); "
                         "fix: emit the whole family, with zero weight when there is no data",
@@ -216,10 +276,13 @@ class Layout:
                     self._add(key, value, values, chunk, S, M, last)
                 except _Reject as exc:
                     fail(exc.code, key, f"{self._where(key, c)} {exc.message}")
+            carried = set()
             for source in chunk.keys() & self.keys.keys():
                 key = self.keys[source]
                 S[key.s] = 1.0  # presence: ranks that reported the key
-                S[2 + self._adapter_index[key.adapter.name]] = 1.0
+                carried.add(self.adapter_slot[key.adapter.name])
+            for slot in carried:
+                S[slot] += 1.0  # chunks that carried the adapter's keys
         for source, value in last.items():
             key = self.keys[source]
             if key.reduction is Reduction.CATEGORICAL:
@@ -232,9 +295,6 @@ class Layout:
                 M[key.m + 2] = _type_rank(value)
         if chunks:
             S[self.ACTIVE] = 1.0
-        if state.errors:
-            S[self.ERROR_RANKS] = 1.0
-            M[self.WORST] = float(max(state.errors))
         return state
 
     def _add(
@@ -252,14 +312,14 @@ class Layout:
             if not isinstance(value, str) or value not in key.metric.labels:
                 raise _Reject(
                     Code.BAD_LABEL,
-                    f"got {value!r}, not one of {list(key.metric.labels)}; fix: report one of those labels",
+                    f"got {value!r:.80}, not one of {list(key.metric.labels)}; fix: report one of those labels",
                 )
             last[key.source] = value
             return
         if isinstance(value, str):
             raise _Reject(
                 Code.BAD_VALUE,
-                f"got the string {value!r} for a numeric key; fix: pass a number "
+                f"got the string {value!r:.80} for a numeric key; fix: pass a number "
                 "(only CATEGORICAL keys take labels)",
             )
         v = float(value)
@@ -272,27 +332,38 @@ class Layout:
             S[s] += v
             M[m] = max(M[m], _type_rank(value))
         elif r is Reduction.MAX or r is Reduction.MIN:
+            # A contribution whose count says it holds no sample holds no extremum either; one that
+            # reports no count at all is taken as it is.
+            if key.weight in chunk and self._partner(key, key.weight, values, chunk, "count") == 0.0:
+                return
+            S[s] += 1.0
             if math.isnan(v):
-                S[s] += 1.0
+                S[s + 1] += 1.0
             else:
                 M[m] = max(M[m], v if r is Reduction.MAX else -v)
             M[m + 1] = max(M[m + 1], _type_rank(value))
         elif r is Reduction.MEAN:
             S[s] += v
             S[s + 1] += 1.0
-        elif r is Reduction.LAST:
+        elif r is Reduction.LAST or r is Reduction.AGREED:
             last[key.source] = value
         elif r is Reduction.POOLED_STD:
-            if v < 0.0:
+            if not v >= 0.0:
                 raise _Reject(Code.BAD_VALUE, f"got the standard deviation {value!r} < 0; fix the producer")
             n = self._partner(key, key.weight, values, chunk, "count") if key.weight else 1.0
             mean = self._partner(key, key.mean, values, chunk, "mean", weight=False)
+            if key.second_moment is not None:
+                # The std is derived from the moments published beside it: s^2 = E[x^2] - E[x]^2.
+                second = self._partner(key, key.second_moment, values, chunk, "second moment", weight=False)
+                within = second - mean * mean
+            else:
+                within = v * v
             if n > 0.0:
                 # Within- and between-contribution moments apart, and the spread of the means in
                 # the MAX buffer: tied means give exactly zero between-variance, not rounding noise.
                 S[s] += n
                 S[s + 1] += n * mean
-                S[s + 2] += n * v * v
+                S[s + 2] += n * within
                 S[s + 3] += n * mean * mean
                 M[m], M[m + 1] = max(M[m], mean), max(M[m + 1], -mean)
 
@@ -332,10 +403,10 @@ class Layout:
 
     def _unknown(self, source: str) -> str:
         names = ", ".join(a.name for a in self.adapters)
-        near = [k for k in self.keys if k.endswith(source.split("_", 1)[-1])][:3]
-        hint = f" (did you mean {', '.join(near)}?)" if near else ""
+        near = suggest(source, [*self.keys, *self.ignored])
+        hint = f" (did you mean {', '.join(repr(n) for n in near)}?)" if near else ""
         return (
-            f"source name {source!r} is not declared by adapters [{names}]{hint}; fix: use a declared "
+            f"source name {source!r:.80} is not declared by adapters [{names}]{hint}; fix: use a declared "
             "source name, add the adapter that declares it, or declare it in your own adapter"
         )
 
@@ -353,16 +424,16 @@ class Layout:
             )
         if M[self.PHASE] != -M[self.NEG_PHASE]:
             raise MetricsError("ranks reduced different phases; fix: pass the same phase on every rank")
-        for adapter_index, family in self.families:
-            active = S[2 + adapter_index]
-            counts = {s: S[self.keys[s].s] for s in family}
-            if any(counts.values()) and any(n != active for n in counts.values()):
-                adapter = self.adapters[adapter_index].name
+        for family_index, (adapter_index, family) in enumerate(self.families):
+            adapter = self.adapters[adapter_index].name
+            carried, chunks = S[self.family_slot[family_index]], S[self.adapter_slot[adapter]]
+            if carried and carried != chunks:
                 raise MetricsError(
-                    f"the all-or-nothing family {sorted(family)} of adapter {adapter!r} was reported "
-                    f"by {int(max(counts.values()))} of the {int(active)} ranks that reported "
-                    f"{adapter!r} keys; a partial record is a producer bug; fix: emit the family on "
-                    "every rank (zero weight when there is no data)"
+                    f"the all-or-nothing family {list(family)} of adapter {adapter!r} was carried by "
+                    f"{int(carried)} of the {int(chunks)} chunks (over every rank) that carried "
+                    f"{adapter!r} keys in this window; presence is all-or-nothing per batch, so a "
+                    "partial record is a producer bug; fix: emit the family in every chunk (zero "
+                    "weight when there is no data), or in none"
                 )
         out: dict[str, Scalar] = {}
         for key in self.keys.values():
@@ -373,36 +444,52 @@ class Layout:
                     f"adapter {key.adapter.name!r} publishes phases {sorted(key.adapter.phases)}, "
                     f"not {phase!r} (key {key.source!r}); fix: reduce it under one of those phases"
                 )
-            out[key.public(phase)] = self._value(key, S, M)
+            value = self._value(key, S, M)
+            if value is not None:
+                out[key.public(phase)] = value
         return out
 
-    def _value(self, key: _Key, S: list[float], M: list[float]) -> Scalar:
+    def _value(self, key: _Key, S: list[float], M: list[float]) -> Scalar | None:
         r, s, m = key.reduction, key.s + 1, key.m
         if r is Reduction.WEIGHTED_MEAN:
             return S[s] / S[s + 1] if S[s + 1] > 0.0 else 0.0
         if r is Reduction.SUM:
             return _typed(S[s], max(M[m], _INT))  # a sum of flags is a count
         if r is Reduction.MAX or r is Reduction.MIN:
-            if S[s] > 0.0:
+            if S[s] == 0.0:
+                return None  # every contribution counted nothing: no extremum, not a placeholder
+            if S[s + 1] > 0.0:
                 return math.nan
             v = (M[m] if r is Reduction.MAX else -M[m]) + 0.0  # -0.0 and 0.0 tie: report 0.0 on every path
             return _typed(v, M[m + 1])
         if r is Reduction.MEAN:
             return S[s] / S[s + 1]
-        if r is Reduction.LAST:
-            if S[s + 1] > 0.0:
+        if r is Reduction.LAST or r is Reduction.AGREED:
+            ranks, nan_ranks = S[key.s], S[s + 1]
+            agree = nan_ranks == ranks or (nan_ranks == 0.0 and M[m] == -M[m + 1])
+            if r is Reduction.AGREED and not agree:
+                low = "nan" if nan_ranks else _text(-M[m + 1])
+                raise MetricsError(
+                    f"ranks disagree on {key.public('train')!r} (source {key.source!r}), a counter or "
+                    f"flag that every data-parallel rank holds identically by construction: values "
+                    f"from {low} to {_text(M[m])} over {int(ranks)} ranks. The ranks are "
+                    "desynchronised (one skipped or repeated an update, or restored another "
+                    "checkpoint); fix the training loop so every rank reports the same value"
+                )
+            if nan_ranks > 0.0:
                 return math.nan
             if M[m] == -M[m + 1]:
                 return _typed(M[m], M[m + 2])
-            return S[s] / S[key.s]
+            return S[s] / ranks
         if r is Reduction.POOLED_STD:
             n = S[s]
             if n <= 0.0:
                 return 0.0
             mean = S[s + 1] / n
             tied = M[m] == -M[m + 1] and math.isfinite(mean)
-            between = 0.0 if tied else max(S[s + 3] / n - mean * mean, 0.0)
-            return math.sqrt(S[s + 2] / n + between)
+            between = 0.0 if tied else S[s + 3] / n - mean * mean
+            variance = S[s + 2] / n + between
+            return math.sqrt(variance) if variance > 0.0 else (variance if math.isnan(variance) else 0.0)
         labels = [label for i, label in enumerate(key.metric.labels) if S[s + i] > 0.0]
         if len(labels) > 1:
             counts = {label: int(S[s + key.metric.labels.index(label)]) for label in labels}
@@ -426,6 +513,64 @@ class Layout:
             f"rank {rank} reported {Code.TEXT.get(code, 'an error')}{what}{others}; rank {rank}'s "
             "own error has the details. Every rank stops here so that none hangs in a collective."
         )
+
+
+class RefusedChunk:
+    """Stands in a window for a chunk that could not be taken (not a mapping, a key that is not a
+    string), so that the rank still joins the step's collectives and every rank raises."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def items(self) -> list[tuple[str, Any]]:
+        return []
+
+    def keys(self) -> frozenset[str]:
+        return frozenset()
+
+
+def suggest(name: str, candidates: Sequence[str], limit: int = 3) -> list[str]:
+    """The declared names closest to a mistyped ``name``: by edit distance (at most a third of its
+    length, and at least 2), and any with the same leaf under another prefix or none.
+
+    >>> suggest("grpo_kl_maximum", ["grpo_kl_max", "grpo_kl_mean", "reward_max"])
+    ['grpo_kl_max']
+    >>> suggest("grpo_clipfrac", ["grpo_clip_frac", "grpo_seq_clip_frac"])
+    ['grpo_clip_frac']
+    >>> suggest("clip_frac", ["grpo_clip_frac", "ppo_clip_fraction"])
+    ['grpo_clip_frac']
+    """
+    if not name or len(name) > 200:
+        return []
+    leaf = name.split("_", 1)[-1]
+    scored = []
+    for candidate in set(candidates):
+        same_leaf = candidate.endswith("_" + name) or candidate.split("_", 1)[-1] == leaf
+        distance = _edit_distance(name, candidate, cap=max(2, len(name) // 3))
+        if same_leaf or distance is not None:
+            scored.append((distance if distance is not None else len(candidate), candidate))
+    return [candidate for _, candidate in sorted(scored)[:limit]]
+
+
+def _edit_distance(a: str, b: str, *, cap: int) -> int | None:
+    """Levenshtein distance of ``a`` and ``b`` if it is at most ``cap``, else ``None``."""
+    if abs(len(a) - len(b)) > cap:
+        return None
+    previous = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        current = [i]
+        for j, y in enumerate(b, 1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (x != y)))
+        if min(current) > cap:
+            return None
+        previous = current
+    return previous[-1] if previous[-1] <= cap else None
+
+
+def _text(value: float) -> str:
+    return str(int(value)) if value.is_integer() and abs(value) <= MAX_EXACT_INT else repr(value)
 
 
 class _Reject(Exception):

@@ -52,7 +52,7 @@ from .values import MAX_EXACT_INT, materialize
 __all__ = ["FORMAT", "VERSION", "DriverReducer", "State", "WorkerMetrics", "merge_exported"]
 
 FORMAT = "posttrain-metrics/window-state"
-VERSION = 1
+VERSION = 2
 """Bumped whenever the encoding or the meaning of a field changes; a driver accepts only its own."""
 
 State = Union[Mapping[str, Any], str, bytes]
@@ -111,10 +111,11 @@ class WorkerMetrics:
         return len(self._chunks)
 
     def export(self, step: int, *, phase: str = "train") -> dict[str, Any]:
-        """End the window: its state as a JSON-ready dict; the next ``add`` starts a new window."""
+        """End the window: its state as a JSON-ready dict; the next ``add`` starts a new window,
+        also when this call raises (a bad step or phase: nothing of this window leaks into the next)."""
+        chunks, self._chunks = self._chunks, []
         _check_phase(phase)
         step = _check_step(step)
-        chunks, self._chunks = self._chunks, []
         packed = self.layout.accumulate(materialize(chunks), rank=0, step=step, phase=phase)
         return _encode(self.layout, packed, worker=self.worker_id, step=step, phase=phase)
 
@@ -176,8 +177,10 @@ class DriverReducer:
         self.adapters = resolve_adapters(adapters)
         self.layout = _layout(self.adapters)
         L = self.layout
-        # The SUM slots that one worker's accumulate sets to exactly 0 or 1, and the label ranges.
-        self._flags = [L.ACTIVE, L.ERROR_RANKS, *range(2, 2 + len(L.adapters))]
+        # The SUM slots that one worker's accumulate sets to exactly 0 or 1, the chunk counters
+        # (whole numbers), and the label ranges.
+        self._flags = [L.ACTIVE, L.ERROR_RANKS]
+        self._counters = [*L.adapter_slot.values(), *L.family_slot]
         self._labels: list[tuple[str, int, range]] = []
         for key in L.keys.values():
             self._flags.append(key.s)
@@ -353,6 +356,8 @@ class DriverReducer:
             problems.append("a NaN in the MAX buffer")
         if any(S[i] != 0.0 and S[i] != 1.0 for i in self._flags):
             problems.append("a presence or label flag that is not 0 or 1")
+        if any(not (S[i] >= 0.0 and S[i].is_integer() and S[i] <= MAX_EXACT_INT) for i in self._counters):
+            problems.append("a chunk counter that is not a whole number")
         for source, presence, labels in self._labels:
             if sum(S[i] for i in labels) > S[presence]:
                 problems.append(f"more than one label for {source!r}")
@@ -409,23 +414,20 @@ class DriverReducer:
         raise MetricsError(f"worker {decoded[i].worker!r} (state {i + 1} of {len(decoded)}): {message}{others}")
 
     def _check_families(self, decoded: list[_Decoded]) -> None:
+        # Presence is all-or-nothing per batch: every chunk of every worker that carried the
+        # adapter's keys carries the family, or none does. Name the workers on each side.
         L = self.layout
-        for adapter_index, family in L.families:
-            slots = [L.keys[s].s for s in family]
-            full, none = [], []
-            for d in decoded:
-                present = sum(d.state.sum[s] for s in slots)
-                if present == len(slots):
-                    full.append(d.worker)
-                elif d.state.sum[2 + adapter_index] == 1.0:
-                    none.append(d.worker)  # reported this adapter's keys, not (all of) the family
-            if full and none:
-                adapter = L.adapters[adapter_index].name
+        for family_index, (adapter_index, family) in enumerate(L.families):
+            adapter = L.adapters[adapter_index].name
+            carried, chunks = L.family_slot[family_index], L.adapter_slot[adapter]
+            full = [d.worker for d in decoded if d.state.sum[carried] > 0.0]
+            short = [d.worker for d in decoded if d.state.sum[carried] < d.state.sum[chunks]]
+            if full and short:
                 raise MetricsError(
-                    f"the all-or-nothing family {sorted(family)} of adapter {adapter!r} was reported by "
-                    f"workers {full} but not by workers {none}, which reported other {adapter!r} keys; "
-                    "a partial record is a producer bug. Fix: emit the family on every worker (zero "
-                    "weight when there is no data)"
+                    f"the all-or-nothing family {list(family)} of adapter {adapter!r} was carried by "
+                    f"chunks of workers {full}, but workers {short} sent {adapter!r} chunks without "
+                    "it; presence is all-or-nothing per batch, so a partial record is a producer bug. "
+                    "Fix: emit the family in every chunk (zero weight when there is no data), or in none"
                 )
 
     def _check_labels(self, decoded: list[_Decoded]) -> None:

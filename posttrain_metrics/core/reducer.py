@@ -13,7 +13,7 @@ from .adapter import PHASES, MetricAdapter
 from .catalog import get_adapter
 from .errors import MetricsError
 from .frame import Frame
-from .layout import Layout, merge
+from .layout import Code, Layout, PackedState, RefusedChunk, merge
 from .values import MAX_EXACT_INT, Scalar, materialize
 
 __all__ = ["AdapterSpec", "MetricReducer", "reduce_metrics", "resolve_adapters"]
@@ -45,7 +45,7 @@ def _layout(adapters: tuple[MetricAdapter, ...]) -> Layout:
 
 
 def _check_phase(phase: str) -> None:
-    if phase not in PHASES:
+    if not isinstance(phase, str) or phase not in PHASES:
         raise MetricsError(f"phase {phase!r} is not one of {sorted(PHASES)}")
 
 
@@ -63,18 +63,51 @@ def _check_step(step: object) -> int:
     return value
 
 
-def _check_chunk(chunk: object, where: str) -> Mapping[str, Any]:
+def _check_chunk(chunk: object, where: str) -> dict[str, Any]:
+    """A copy of ``chunk`` as a plain dict keyed by strings, or a MetricsError saying why not."""
     if not isinstance(chunk, Mapping):
         raise MetricsError(
-            f"{where} takes a mapping of source names to values, got {type(chunk).__name__}"
+            f"{where} takes a mapping of source names to values, got {type(chunk).__name__} "
+            f"{chunk!r:.60}; fix: pass one dict per chunk"
         )
-    bad = [key for key in chunk if not isinstance(key, str)]
+    try:
+        copy = dict(chunk)
+    except Exception as exc:  # a mapping that breaks while being read
+        raise MetricsError(f"{where}: the mapping could not be read ({type(exc).__name__}: {exc})") from None
+    bad = [key for key in copy if not isinstance(key, str)]
     if bad:
         raise MetricsError(
             f"{where}: source names must be strings, got {bad[0]!r:.60} ({type(bad[0]).__name__}); "
             "fix: key the chunk by the declared source names"
         )
-    return chunk
+    return copy
+
+
+def _window_state(
+    layout: Layout, chunks: Sequence[Any], *, rank: int, step: object, phase: str
+) -> tuple[PackedState, int | None]:
+    """One rank's packed window; never raises. A bad step or phase, a tensor that cannot be read,
+    or anything else that breaks while the window is read is recorded in the state, so this rank
+    still joins the step's collectives and every rank raises it together."""
+    problems: list[tuple[int, str]] = []
+    try:
+        step_value: int | None = _check_step(step)
+    except MetricsError as exc:
+        step_value = None
+        problems.append((Code.BAD_WINDOW, str(exc)))
+    if not isinstance(phase, str) or phase not in PHASES:
+        problems.append((Code.BAD_WINDOW, f"phase {phase!r:.40} is not one of {sorted(PHASES)}"))
+    try:
+        state = layout.accumulate(materialize(chunks), rank=rank, step=step_value, phase=phase)
+    except Exception as exc:
+        state = layout.accumulate([], rank=rank, step=step_value, phase=phase)
+        problems.append((
+            Code.UNREADABLE,
+            f"reading the window's {len(chunks)} chunk(s) failed ({type(exc).__name__}: {str(exc)[:300]})",
+        ))
+    for code, message in problems:
+        layout.record(state, code, None, rank, message)
+    return state, step_value
 
 
 def reduce_metrics(
@@ -116,8 +149,12 @@ class MetricReducer:
     ``reduce`` is collective when torch.distributed is initialised (every rank of ``group`` calls it,
     default the world): one collective per step (an all-gather of the packed state, merged in rank
     order; one SUM and one MAX all-reduce beyond 64 ranks), plus one small handshake the first
-    time, whatever the number of keys. Without torch.distributed it is local. A producer bug on any
-    rank raises :class:`MetricsError` on every rank after the collectives; the window is discarded.
+    time, whatever the number of keys. Without torch.distributed it is local; under a launcher
+    that started several processes (``WORLD_SIZE`` > 1) without a process group it refuses, since
+    each rank would publish its own figures as if global, unless ``local=True`` says the local
+    reduction is deliberate. A producer bug on any rank (a bad value, a bad step, a tensor that
+    cannot be read) raises :class:`MetricsError` on every rank after the collectives; the window
+    is discarded everywhere and the next one reduces normally.
 
     >>> r = MetricReducer(["grpo", "trainer"])
     >>> r.add({"grpo_kl_max": 0.2, "update_outcome": "accumulating"})
@@ -126,34 +163,56 @@ class MetricReducer:
     {'train/kl_max': 0.9, 'optim/update_outcome': 'applied'}
     """
 
-    def __init__(self, adapters: AdapterSpec, *, group: Any = None) -> None:
+    def __init__(self, adapters: AdapterSpec, *, group: Any = None, local: bool = False) -> None:
         self.adapters = resolve_adapters(adapters)
         self.layout = _layout(self.adapters)
         self.group = group
-        self._chunks: list[Mapping[str, Any]] = []
+        self.local = bool(local)
+        self._chunks: list[Any] = []
         self._verified = False
 
-    def add(self, chunk: Mapping[str, Any]) -> None:
+    def add(self, chunk: Mapping[str, Any] | RefusedChunk) -> None:
         """Record one chunk's source-name metrics. Cheap: values are read at ``reduce``, tensors
-        in one stacked copy. The mapping is copied, never modified."""
-        self._chunks.append(dict(_check_chunk(chunk, "add()")))
+        in one stacked copy. The mapping is copied, never modified. A chunk that is not a mapping
+        of strings raises here and is not recorded (the window is as it was before the call)."""
+        if isinstance(chunk, RefusedChunk):  # a framework callback's record of a bad chunk
+            self._chunks.append(chunk)
+            return
+        self._chunks.append(_check_chunk(chunk, "add()"))
+
+    def add_window(self, chunks: Sequence[Any]) -> None:
+        """Record several chunks for a ``reduce`` that follows at once (a callback's validation
+        hook). Never raises: a chunk that cannot be taken is recorded as a producer bug, so that this
+        rank still joins the step's collectives and every rank raises it from ``reduce``."""
+        for i, chunk in enumerate(chunks):
+            if isinstance(chunk, RefusedChunk):
+                self._chunks.append(chunk)
+                continue
+            try:
+                self._chunks.append(_check_chunk(chunk, f"chunk {i}"))
+            except MetricsError as exc:
+                self._chunks.append(RefusedChunk(str(exc)))
 
     @property
     def pending_chunks(self) -> int:
         return len(self._chunks)
 
     def reduce(self, step: int, *, phase: str = "train") -> Frame:
-        """End the window: the global figures of every chunk added since the last ``reduce``."""
-        _check_phase(phase)
+        """End the window: the global figures of every chunk added since the last ``reduce``.
+
+        Whatever happens, the window's chunks are gone afterwards: a window that raises is
+        discarded on every rank, and the next one starts clean."""
         chunks, self._chunks = self._chunks, []
-        step = _check_step(step)
         where = distributed.group_rank_and_size(self.group)
+        if where is None and not self.local:
+            distributed.refuse_launcher_without_group()
         rank, size = where or (0, 1)
-        state = self.layout.accumulate(materialize(chunks), rank=rank, step=step, phase=phase)
+        state, step_value = _window_state(self.layout, chunks, rank=rank, step=step, phase=phase)
         if where is not None:
             if not self._verified:
-                distributed.handshake(self.layout.fingerprint, self.layout.sum_size, self.group, step=step)
+                distributed.handshake(self.layout.fingerprint, self.layout.sum_size, self.group, step=step_value)
                 self._verified = True
-            state = distributed.all_reduce_state(state, self.group, step=step)
+            state = distributed.all_reduce_state(state, self.group, step=step_value)
         metrics = self.layout.read(state, phase=phase, world_size=size)
-        return Frame(step=step, metrics=metrics, phase=phase, wall_time=time.time())
+        assert step_value is not None  # a bad step was recorded, and read() raised it
+        return Frame(step=step_value, metrics=metrics, phase=phase, wall_time=time.time())

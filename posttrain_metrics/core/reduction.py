@@ -12,7 +12,8 @@ class Reduction(enum.Enum):
 
     Chunks are the gradient-accumulation micro-batches of one optimizer window on one rank; ranks are
     the data-parallel processes. Every rule except ``LAST`` and ``CATEGORICAL`` is invariant to how
-    the contributions are partitioned into chunks and ranks.
+    the contributions are partitioned into chunks and ranks (nor are the family and agreement
+    checks: an all-or-nothing family is judged over every chunk of every rank).
     """
 
     WEIGHTED_MEAN = "weighted_mean"
@@ -26,23 +27,38 @@ class Reduction(enum.Enum):
 
     MAX = "max"
     """Maximum over every chunk of every rank, never a mean of maxima. Integer inputs come back as
-    ``int``, bools as ``bool``. A NaN contribution makes the result NaN."""
+    ``int``, bools as ``bool``. A NaN contribution makes the result NaN. When the metric declares a
+    count (``weight=``, the family's count such as ``rollout_count``), a contribution whose count is
+    0 holds no sample and so no extremum: its placeholder is ignored, exactly as a zero weight drops
+    out of a weighted mean; if no contribution counted anything the key is absent."""
 
     MIN = "min"
-    """Minimum over every chunk of every rank; types as for ``MAX``."""
+    """Minimum over every chunk of every rank; types and counts as for ``MAX``."""
 
     MEAN = "mean"
     """Plain arithmetic mean over all chunk contributions of all ranks."""
 
     LAST = "last"
-    """The last chunk of the window on each rank, then the mean across ranks (ranks hold the same
-    value for a global gradient norm or a learning rate). When every rank holds the same value it
-    comes back exactly, with its type (``int`` counter, ``bool`` flag)."""
+    """The last chunk of the window that carried the key on each rank, then the mean across ranks
+    (ranks hold the same value for a global gradient norm or a learning rate, up to rounding). When
+    every rank holds the same value it comes back exactly, with its type (``int``, ``bool``). A NaN
+    in an earlier chunk is superseded by the later chunk's value, as any earlier value is."""
+
+    AGREED = "agreed"
+    """An exact counter or flag that every data-parallel rank holds identically by construction
+    (optimizer steps, attempt ids, skip counters, phase flags): the last chunk that carried it on
+    each rank, and every rank must report the same value. A disagreement is a desynchronised run and
+    a ``MetricsError`` on every rank, never an average. Comes back with its type (a flag passed as a
+    ``bool`` stays ``bool``, one passed as ``0``/``1`` stays ``int``)."""
 
     POOLED_STD = "pooled_std"
     """Population standard deviation of the union of all contributions, from each contribution's
     mean (a declared key), std (this key) and count (a declared key, or 1 per contribution when the
-    metric declares none): ``sqrt(sum(n*(s^2 + m^2)) / N - (sum(n*m) / N)^2)``."""
+    metric declares none): ``sqrt(sum(n*(s^2 + m^2)) / N - (sum(n*m) / N)^2)``. When the metric
+    declares a second moment instead (``second_moment=``, NFT's optimality weights), each
+    contribution's ``s^2 + m^2`` is that second moment, so the published std always agrees with the
+    published moments: ``std^2 = E[x^2] - E[x]^2`` over the same contributions (the std a chunk
+    reports is checked, not used)."""
 
     CATEGORICAL = "categorical"
     """A label from a declared set (an update's outcome): the last chunk's label on each rank; ranks
@@ -51,4 +67,4 @@ class Reduction(enum.Enum):
     @property
     def partition_invariant(self) -> bool:
         """Whether the result is independent of how contributions are split into chunks and ranks."""
-        return self not in (Reduction.LAST, Reduction.CATEGORICAL)
+        return self not in (Reduction.LAST, Reduction.AGREED, Reduction.CATEGORICAL)

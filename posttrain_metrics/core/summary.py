@@ -93,7 +93,7 @@ class RunSummary:
             elif r is Reduction.POOLED_STD:
                 mean = acc[1] / acc[0] if acc[0] > 0 else 0.0
                 out[key] = math.sqrt(max(acc[2] / acc[0] - mean * mean, 0.0)) if acc[0] > 0 else 0.0
-            elif r is Reduction.LAST:
+            elif r in (Reduction.LAST, Reduction.AGREED):
                 out[key] = last
             else:
                 out[key] = (acc[0] + acc[2]) / acc[1]

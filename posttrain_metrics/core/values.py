@@ -66,34 +66,78 @@ def to_scalar(value: object) -> Scalar:
 def materialize(chunks: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Copies of ``chunks`` with every torch tensor replaced by its Python value.
 
-    One stacked copy per device for the whole window. A tensor with more than one element is left
-    in place as a :class:`BadValue` so the caller reports it against its key.
+    One stacked copy per device for the whole window. A tensor that cannot be a metric (more than
+    one element, complex) or cannot be read at all (a meta, sparse or quantized tensor, or any error
+    while copying it) is left in place as a :class:`BadValue` naming the cause, so the caller
+    reports it against its key and the rank still joins the step's collectives. Never raises for
+    what a tensor holds. Anything that is not a mapping (a refused chunk) is passed through as is.
     """
-    out = [dict(chunk) for chunk in chunks]
+    out: list[Any] = [dict(chunk) if isinstance(chunk, Mapping) else chunk for chunk in chunks]
     pending: dict[Any, list[tuple[dict[str, Any], str, Any]]] = {}
     for chunk in out:
+        if not isinstance(chunk, dict):
+            continue
         for key, value in chunk.items():
-            if is_tensor(value):
-                if value.numel() != 1:
-                    chunk[key] = BadValue(
-                        f"a tensor of shape {tuple(value.shape)}; fix: reduce it to one element first"
-                    )
-                    continue
-                if value.dtype.is_complex:  # the float64 copy would drop the imaginary part
-                    chunk[key] = BadValue(f"a complex tensor ({value.dtype}); fix: pass a real number")
-                    continue
-                pending.setdefault(value.device, []).append((chunk, key, value))
+            if not is_tensor(value):
+                continue
+            try:
+                problem = _tensor_problem(value)
+                if problem is None:
+                    pending.setdefault(value.device, []).append((chunk, key, value))
+            except Exception as exc:  # a tensor that breaks on inspection is a producer bug too
+                problem = f"a tensor that could not be inspected ({type(exc).__name__}: {exc})"
+            if problem is not None:
+                chunk[key] = BadValue(problem)
     if not pending:
         return out
+    for items in pending.values():
+        numbers_: list[float | BadValue]
+        try:
+            numbers_ = list(_copy_to_host([tensor for _, _, tensor in items]))
+        except Exception:  # one unreadable tensor must not cost the others: read them one by one
+            numbers_ = [_read_one(tensor) for _, _, tensor in items]
+        for (chunk, key, tensor), number in zip(items, numbers_):
+            chunk[key] = number if isinstance(number, BadValue) else _typed_item(tensor, number)
+    return out
+
+
+def _tensor_problem(value: Any) -> str | None:
+    if value.numel() != 1:
+        return f"a tensor of shape {tuple(value.shape)}; fix: reduce it to one element first"
+    if value.dtype.is_complex:  # the float64 copy would drop the imaginary part
+        return f"a complex tensor ({value.dtype}); fix: pass a real number"
+    layout = str(getattr(value, "layout", "torch.strided"))
+    if layout != "torch.strided":
+        return f"a {layout} tensor; fix: pass a dense tensor (.to_dense()) or a Python number"
+    if getattr(value, "is_quantized", False):
+        return f"a quantized tensor ({value.dtype}); fix: pass value.dequantize() or a Python number"
+    if getattr(value, "is_meta", False):
+        return "a meta tensor, which holds no data; fix: report a tensor computed on a real device"
+    return None
+
+
+def _copy_to_host(tensors: list[Any]) -> list[float]:
     import torch
 
-    for items in pending.values():
-        stacked = torch.stack([t.detach().reshape(()).to(torch.float64) for _, _, t in items])
-        for (chunk, key, tensor), number in zip(items, stacked.cpu().tolist()):
-            if tensor.dtype == torch.bool:
-                chunk[key] = bool(number)
-            elif not tensor.dtype.is_floating_point:
-                chunk[key] = int(number)
-            else:
-                chunk[key] = number
-    return out
+    stacked = torch.stack([t.detach().reshape(()).to(torch.float64) for t in tensors])
+    return list(stacked.cpu().tolist())
+
+
+def _read_one(tensor: Any) -> float | BadValue:
+    try:
+        return _copy_to_host([tensor])[0]
+    except Exception as exc:
+        return BadValue(
+            f"a {tensor.dtype} tensor that could not be read ({type(exc).__name__}: {str(exc)[:200]}); "
+            "fix: pass a readable tensor or a Python number"
+        )
+
+
+def _typed_item(tensor: Any, number: float) -> Scalar:
+    import torch
+
+    if tensor.dtype == torch.bool:
+        return bool(number)
+    if not tensor.dtype.is_floating_point:
+        return int(number)
+    return number

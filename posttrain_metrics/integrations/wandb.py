@@ -27,7 +27,7 @@ real clock.
 | MAX (`train/kl_max`) | `max` |
 | MIN | `min` |
 | weighted mean, plain mean, pooled std | `last`, `min` and `max` |
-| SUM (per-step counts), LAST (counters, `grad_norm`), categorical label | W&B's default: the last value, as a plain column |
+| SUM (per-step counts), LAST (`grad_norm`), AGREED (optimizer counters and flags), categorical label | W&B's default: the last value, as a plain column |
 | label indicator (`optim/update_outcome/skipped`) | `mean`: the share of logged windows with that outcome |
 
 **Run aggregates under `run/`.** W&B cannot weight a mean, and one NaN poisons its `min` and
@@ -110,6 +110,7 @@ _SUMMARIES: dict[Reduction, str | None] = {
     Reduction.POOLED_STD: "last,min,max",
     Reduction.SUM: None,  # None: W&B's default summary, the last value as a plain column
     Reduction.LAST: None,
+    Reduction.AGREED: None,
     Reduction.CATEGORICAL: None,
 }
 _LABEL_SUMMARY = "mean"

@@ -15,6 +15,6 @@ FLOW_BC = MetricAdapter(
     ignored=("flow_bc_weight_sum",),
     metrics=[
         loss_avg("flow_bc_", R.MEAN),
-        Metric("flow_bc_masked_elements", R.SUM, "Supervised action elements (sum of action_mask)", unit="elements"),
+        Metric("flow_bc_masked_elements", R.SUM, "Supervised action elements (sum of action_mask)", unit="elements", count=True),
     ],
 )

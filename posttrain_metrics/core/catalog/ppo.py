@@ -28,8 +28,8 @@ def _w(leaf: str, meaning: str, weight: str, **kw: object) -> Metric:
 def _diagnostic(stem: str, what: str) -> tuple[Metric, ...]:
     return (
         _w(f"{stem}_mean", f"Token mean of {what}", TOK),
-        Metric(f"{stem}_max", R.MAX, f"Largest per-token {what}"),
-        Metric(f"{stem}_min", R.MIN, f"Smallest per-token {what}"),
+        Metric(f"{stem}_max", R.MAX, f"Largest per-token {what}", weight=TOK),
+        Metric(f"{stem}_min", R.MIN, f"Smallest per-token {what}", weight=TOK),
     )
 
 
@@ -47,14 +47,14 @@ PPO = MetricAdapter(
         _w("entropy", "Policy entropy term", POL, unit="nats"),
         _w("jsd_loss", "Reference Jensen-Shannon term", POL),
         Metric("policy_lr", R.LAST, "Policy learning rate left for the next update"),
-        Metric("policy_optimizer_step", R.LAST, "Durable policy minibatch optimizer counter", namespace="optim", unit="steps"),
+        Metric("policy_optimizer_step", R.AGREED, "Durable policy minibatch optimizer counter", namespace="optim", unit="steps", count=True),
         # critic window
         Metric(CRI, R.SUM, "Tokens the critic update window trained on", unit="tokens"),
         _w("value_loss", "Unscaled value loss", CRI, headline=True),
         _w("critic_loss", "Coefficient-scaled critic loss", CRI),
         _w("value_clip_fraction", "Fraction of tokens the value clip bound", CRI, unit="fraction"),
         Metric("critic_lr", R.LAST, "Critic learning rate left for the next update"),
-        Metric("critic_optimizer_step", R.LAST, "Durable critic minibatch optimizer counter", namespace="optim", unit="steps"),
+        Metric("critic_optimizer_step", R.AGREED, "Durable critic minibatch optimizer counter", namespace="optim", unit="steps", count=True),
         # prepared batch
         Metric(TOK, R.SUM, "Valid action tokens in the prepared batch", unit="tokens"),
         _w("reward_mean", "Prepared-batch reward over valid action tokens", TOK, headline=True),
@@ -64,7 +64,7 @@ PPO = MetricAdapter(
         _w("return_mean", "Value-target return", TOK),
         _w("value_mean", "Old value estimate", TOK),
         _w("reference_kl_mean", "Sampled KL to the reference", TOK, unit="nats"),
-        Metric("actor_warmup", R.LAST, "1.0 on a critic-only warmup iteration, else 0.0"),
+        Metric("actor_warmup", R.AGREED, "1.0 on a critic-only warmup iteration, else 0.0 (the same on every rank)"),
         # consistency diagnostics
         *_diagnostic("behavior_logprob_delta", "policy-minus-rollout logprob before the update"),
         *_diagnostic("initial_ratio", "importance ratio before the update"),

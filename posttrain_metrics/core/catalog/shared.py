@@ -21,10 +21,10 @@ def loss_avg(prefix: str, reduction: R, weight: str | None = None) -> Metric:
 
 
 weight_sum = Metric(
-    "weight_sum", R.SUM, "DP-global count of valid units the objective normalised its loss by"
+    "weight_sum", R.SUM, "DP-global count of valid units the objective normalised its loss by", count=True
 )
 
 token_counts = (
-    Metric("valid_sequence_count", R.SUM, "Sequences that carried learnable signal", unit="sequences"),
-    Metric("valid_token_count", R.SUM, "Completion tokens that carried learnable signal", unit="tokens"),
+    Metric("valid_sequence_count", R.SUM, "Sequences that carried learnable signal", unit="sequences", count=True),
+    Metric("valid_token_count", R.SUM, "Completion tokens that carried learnable signal", unit="tokens", count=True),
 )

@@ -12,7 +12,8 @@ SKIP_REASONS = ("nonfinite_loss", "nonfinite_gradient")
 
 
 def _optim(leaf: str, meaning: str, **kw: object) -> Metric:
-    return Metric(leaf, R.LAST, meaning, namespace="optim", **kw)  # type: ignore[arg-type]
+    """An exact optimizer counter or flag: identical on every data-parallel rank by construction."""
+    return Metric(leaf, R.AGREED, meaning, namespace="optim", **kw)  # type: ignore[arg-type]
 
 
 TRAINER = MetricAdapter(
@@ -25,11 +26,11 @@ TRAINER = MetricAdapter(
         Metric("update_outcome", R.CATEGORICAL, "What the optimizer did with this window", namespace="optim", labels=OUTCOMES, headline=True),
         Metric("skip_reason", R.CATEGORICAL, "Why an update was skipped", namespace="optim", labels=SKIP_REASONS),
         _optim("step_skipped", "Whether this attempt skipped"),
-        _optim("attempt_id", "Monotonic id of the update attempt"),
-        _optim("optimizer_step", "Optimizer steps committed so far", unit="steps"),
-        _optim("nonfinite_skips_total", "Updates rejected for a non-finite loss or gradient, cumulative"),
-        _optim("nonfinite_skips_consecutive", "Non-finite rejections in a row"),
-        _optim("zero_grad_skips_total", "Updates skipped because the gradient was exactly zero (expected in GRPO)"),
+        _optim("attempt_id", "Monotonic id of the update attempt", count=True),
+        _optim("optimizer_step", "Optimizer steps committed so far", unit="steps", count=True),
+        _optim("nonfinite_skips_total", "Updates rejected for a non-finite loss or gradient, cumulative", count=True),
+        _optim("nonfinite_skips_consecutive", "Non-finite rejections in a row", count=True),
+        _optim("zero_grad_skips_total", "Updates skipped because the gradient was exactly zero (expected in GRPO)", count=True),
         _optim("finite_gradient_check_enabled", "Whether force_finite_grads is on"),
     ],
 )
