@@ -10,42 +10,56 @@ from collections.abc import Sequence
 
 from .core.catalog import adapter_names, get_adapter
 from .core.errors import MetricsError
-from .core.keys import describe
 from .core.reduction import Reduction
 from .integrations.journal import Journal, read_journal
 
 __all__ = ["main"]
 
 
+KEYS_HEADER = ("adapter", "source name (pass this)", "published key", "reduction", "weight / count", "unit",
+               "headline", "meaning")
+
+
 def _keys_rows(adapters: Sequence[str]) -> list[tuple[str, ...]]:
+    """One row per published key: the source name a producer passes (``on_chunk_end``, ``add``),
+    the key it is published as, and its declared semantics."""
     rows: list[tuple[str, ...]] = []
     for name in adapters:
         adapter = get_adapter(name)
-        for key, info in describe([adapter]).items():
-            metric = info.metric
-            how = metric.reduction.value
-            if metric.weight and metric.reduction in (Reduction.MAX, Reduction.MIN):
-                how += f" where {info.weight_key} > 0"
-            elif metric.weight:
-                how += f" by {info.weight_key}"
-            if metric.second_moment:
-                prefix = key.rsplit("/", 1)[0]
-                how += f" from {prefix}/{metric.mean} and {prefix}/{metric.second_moment}"
-            if metric.labels:
-                how += " {" + ", ".join(metric.labels) + "}"
-            rows.append((name, key, how, metric.unit, "yes" if metric.headline else "", metric.meaning))
+        for phase in sorted(adapter.phases, key=("train", "val").index):
+            for source, metric in adapter.metrics.items():
+                key = adapter.public_key(source, phase)
+                if metric.namespace is not None and phase != min(adapter.phases, key=("train", "val").index):
+                    continue  # a fixed namespace (optim/, timer/) is one key whatever the phase
+                how = metric.reduction.value
+                if metric.labels:
+                    how += " {" + ", ".join(metric.labels) + "}"
+                if metric.second_moment:
+                    prefix = key.rsplit("/", 1)[0]
+                    how += f" from {prefix}/{metric.mean} and {prefix}/{metric.second_moment}"
+                weight = ""
+                if metric.weight:
+                    weight_key = adapter.public_key(adapter.source_of_leaf(metric.weight), phase)
+                    counted = metric.reduction in (Reduction.MAX, Reduction.MIN)
+                    weight = f"{weight_key} > 0" if counted else weight_key
+                elif source in adapter.counts:
+                    weight = "(a count: >= 0)"
+                rows.append((name, source, key, how, weight, metric.unit, "yes" if metric.headline else "",
+                             metric.meaning))
     return rows
 
 
 def cmd_keys(args: argparse.Namespace) -> int:
     names = [args.adapter] if args.adapter else adapter_names()
     rows = _keys_rows(names)
-    header = ("adapter", "key", "reduction", "unit", "headline", "meaning")
+    header = KEYS_HEADER
     if args.markdown:
         print("| " + " | ".join(header) + " |")
         print("|" + "---|" * len(header))
         for row in rows:
-            print("| " + " | ".join(c.replace("|", "\\|") if i != 1 else f"`{c}`" for i, c in enumerate(row)) + " |")
+            cells = [c.replace("|", "\\|") for c in row]
+            cells[1], cells[2] = f"`{row[1]}`", f"`{row[2]}`"
+            print("| " + " | ".join(cells) + " |")
         return 0
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header) - 1)]
     for row in [header, *rows]:

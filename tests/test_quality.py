@@ -39,6 +39,40 @@ def test_keys_markdown_lists_every_declared_key():
         assert f"`{key}`" in result.stdout, key
 
 
+def test_keys_shows_the_source_name_to_pass_beside_the_published_key():
+    result = run(sys.executable, "-m", "posttrain_metrics.cli", "keys", "--markdown")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("| adapter | source name (pass this) | published key | reduction | weight / count |")
+    # what on_chunk_end takes, beside what trackers show: the grpo_ prefix, bare reward/trainer names
+    for row in ("| grpo | `grpo_clip_frac` | `train/clip_frac` | weighted_mean | train/valid_token_count | fraction |",
+                "| grpo | `grpo_loss` | `train/loss_avg` | weighted_mean | train/weight_sum |",
+                "| reward | `reward_mean` | `train/reward_mean` | weighted_mean | train/rollout_count |",
+                "| reward | `reward_min` | `train/reward_min` | min | train/rollout_count > 0 |",
+                "| trainer | `grad_norm` | `train/grad_norm` | last |",
+                "| dpo | `dpo_accuracy` | `val/dpo_accuracy` | mean |"):
+        assert any(line.startswith(row) for line in lines), row
+    plain = run(sys.executable, "-m", "posttrain_metrics.cli", "keys", "reward").stdout
+    assert "rollout_count" in plain and "train/rollout_count" in plain and "source name" in plain
+
+
+def test_readme_examples_are_the_example_files():
+    """The README's config and loop are examples/grpo_callback.yaml and examples/grpo_loop.py, copied
+    by scripts/sync_readme.py (one source: the README cannot drift from the files CI runs)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import sync_readme
+    finally:
+        sys.path.pop(0)
+    readme = (ROOT / "README.md").read_text()
+    for name in ("example-yaml", "example-loop"):
+        start, end = f"<!-- {name}:start -->\n", f"<!-- {name}:end -->"
+        block = readme[readme.index(start) + len(start): readme.index(end)]
+        assert block == sync_readme.blocks()[name], "regenerate with: python scripts/sync_readme.py"
+    loop = sync_readme.example_loop()
+    assert '"grpo_weight_sum"' in loop and "on_validation_end" in loop  # nothing required hidden
+
+
 def test_readme_catalogue_is_the_generated_one():
     """The README's key table is generated: `posttrain-metrics keys --markdown` between markers."""
     result = run(sys.executable, "-m", "posttrain_metrics.cli", "keys", "--markdown")
