@@ -65,8 +65,17 @@ def test_nft_optimality_std_squared_is_second_moment_minus_mean_squared() -> Non
     )
 
 
-def test_nft_optimality_std_needs_its_moments_in_the_chunk() -> None:
-    raises("nft", [[{"nft_optimality_std": 0.5, "nft_optimality_mean": 1.0}]], "'nft_optimality_second_moment'",
+def test_nft_optimality_std_without_a_second_moment_pools_the_reported_stds() -> None:
+    # chunk 1: mean 2, std 1, so E[x^2] = 1 + 2^2 = 5; chunk 2: mean 5, std 0, so E[x^2] = 25.
+    # One contribution per chunk, as the plain-mean moments count them: E[x] = (2 + 5)/2 = 3.5,
+    # E[x^2] = (5 + 25)/2 = 15, std = sqrt(15 - 3.5^2) = sqrt(2.75)
+    got = reduce_metrics("nft", [[{"nft_optimality_std": 1.0, "nft_optimality_mean": 2.0}],
+                                 [{"nft_optimality_std": 0.0, "nft_optimality_mean": 5.0}]])
+    assert got["train/optimality_std"] == pytest.approx(math.sqrt(2.75), rel=1e-12)
+
+
+def test_nft_optimality_std_needs_its_mean_in_the_chunk() -> None:
+    raises("nft", [[{"nft_optimality_std": 0.5, "nft_optimality_second_moment": 1.0}]], "'nft_optimality_mean'",
            "same chunk")
 
 

@@ -352,11 +352,11 @@ class Layout:
                 raise _Reject(Code.BAD_VALUE, f"got the standard deviation {value!r} < 0; fix the producer")
             n = self._partner(key, key.weight, values, chunk, "count") if key.weight else 1.0
             mean = self._partner(key, key.mean, values, chunk, "mean", weight=False)
-            if key.second_moment is not None:
+            if key.second_moment is not None and key.second_moment in chunk:
                 # The std is derived from the moments published beside it: s^2 = E[x^2] - E[x]^2.
                 second = self._partner(key, key.second_moment, values, chunk, "second moment", weight=False)
                 within = second - mean * mean
-            else:
+            else:  # no second moment reported in this chunk: its std says the same thing
                 within = v * v
             if n > 0.0:
                 # Within- and between-contribution moments apart, and the spread of the means in

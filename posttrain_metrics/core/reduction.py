@@ -55,10 +55,10 @@ class Reduction(enum.Enum):
     """Population standard deviation of the union of all contributions, from each contribution's
     mean (a declared key), std (this key) and count (a declared key, or 1 per contribution when the
     metric declares none): ``sqrt(sum(n*(s^2 + m^2)) / N - (sum(n*m) / N)^2)``. When the metric
-    declares a second moment instead (``second_moment=``, NFT's optimality weights), each
-    contribution's ``s^2 + m^2`` is that second moment, so the published std always agrees with the
-    published moments: ``std^2 = E[x^2] - E[x]^2`` over the same contributions (the std a chunk
-    reports is checked, not used)."""
+    declares a second moment too (``second_moment=``, NFT's optimality weights), each contribution
+    that reports it has ``s^2 + m^2`` equal to that second moment, so the published std always agrees
+    with the published moments: ``std^2 = E[x^2] - E[x]^2`` over the same contributions, whatever
+    std convention the producer used (its std is then checked, not used)."""
 
     CATEGORICAL = "categorical"
     """A label from a declared set (an update's outcome): the last chunk's label on each rank; ranks
