@@ -27,7 +27,7 @@ except ImportError as exc:  # fail, never skip: the MLflow sink is part of the p
     ) from exc
 
 from _mlflow_server import SERVER_STORES, free_port
-from _runs import GRPO_ADAPTERS, dpo_run, grpo_run, nonfinite_frame, ppo_run
+from _runs import GRPO_ADAPTERS, dpo_run, grpo_run, nonfinite_frame, ppo_run, tracked
 
 from posttrain_metrics import Frame
 from posttrain_metrics.core.keys import describe
@@ -35,7 +35,6 @@ from posttrain_metrics.core.redact import REDACTED
 from posttrain_metrics.core.reducer import resolve_adapters
 from posttrain_metrics.integrations import JournalSink, Publisher, RunInfo, read_journal
 from posttrain_metrics.integrations.mlflow import INSTALL, MlflowSink
-from posttrain_metrics.integrations.publisher import display_frame
 
 SECRET = "hunter2-secret"
 URI_SECRET = "hunter2-uri-pw"
@@ -113,7 +112,7 @@ def expected_series(frames: Sequence[Frame], pub: Publisher) -> dict[str, list[t
     bools as 0/1, absent keys absent."""
     out: dict[str, list[tuple[int, float]]] = {}
     for frame in frames:
-        for key, value in display_frame(frame, pub.keys).metrics.items():
+        for key, value in tracked(frame).items():  # _runs.tracked: independent of the publisher
             if not isinstance(value, str):
                 out.setdefault(key, []).append((frame.step, float(value)))
     return out
