@@ -212,7 +212,7 @@ def tracked(frame: Frame) -> dict[str, float | int | str]:
             for label in DECLARED_LABELS[key]:
                 out[f"{key}/{label}"] = 1 if value == label else 0
         else:
-            out[key] = value  # type: ignore[assignment]
+            out[key] = value
     return out
 
 

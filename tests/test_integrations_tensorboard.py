@@ -419,7 +419,7 @@ def test_hparams_hold_the_config_and_the_run_aggregates(tmp_path):
     assert set(acc.Tags()["scalars"]) == {AGGREGATE_PREFIX + k for k in HAND_RUN}
     for key, want in HAND_RUN.items():
         [point] = acc.Scalars(AGGREGATE_PREFIX + key)
-        assert point.step == 3 and same(point.value, float(want)), (key, point.value, want)  # type: ignore[arg-type]
+        assert point.step == 3 and same(point.value, float(want)), (key, point.value, want)
     agg = {k: acc.Scalars(AGGREGATE_PREFIX + k)[0].value for k in HAND_RUN}
     assert agg["train/loss_avg"] == 0.125  # (0.5*10 + 0.0*30) / 40: the NaN of step 3 and its weight left out
     assert agg["train/valid_token_count"] == 60  # 10 + 30 + 20: a run total, not the last value 20

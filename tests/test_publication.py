@@ -147,7 +147,7 @@ def test_the_journal_sinks_own_close_is_idempotent(tmp_path):
     sink.close(failed=True)  # again, directly: no second end record, the status stays
     kinds = [json.loads(line)["kind"] for line in (tmp_path / "j.jsonl").read_text().splitlines()]
     assert kinds.count("end") == 1 and kinds[-1] == "end"
-    assert read_journal(tmp_path / "j.jsonl").end["status"] == "finished"  # type: ignore[index]
+    assert read_journal(tmp_path / "j.jsonl").end["status"] == "finished"
 
 
 def test_console_headline_follows_the_catalogue():
