@@ -275,6 +275,13 @@ def test_close_is_idempotent_and_log_dir_takes_the_run_name(tmp_path):
     assert pub.failures == {}
     assert sink.path == tmp_path / "exp-abc"
     assert len(list((sink.path / HPARAMS_DIR).glob("events.out.tfevents.*"))) == 1  # written once
+    # and within it, one session end: a close that ran again would write a second one
+    from tensorboard.backend.event_processing import event_file_loader
+
+    ends = [v for path in (sink.path / HPARAMS_DIR).glob("events.out.tfevents.*")
+            for e in event_file_loader.EventFileLoader(str(path)).Load() if e.HasField("summary")
+            for v in e.summary.value if v.tag == hparams_metadata.SESSION_END_INFO_TAG]
+    assert len(ends) == 1
 
 
 def test_constructing_the_sink_imports_no_tensorboard():
