@@ -121,3 +121,117 @@ def nonfinite_frame(step: int = 1) -> Frame:
     metrics = dict(grpo_run(steps=1)[0].metrics)
     metrics.update({"train/loss_avg": math.nan, "train/kl_max": math.inf, "train/kl_mean": -math.inf})
     return Frame(step, metrics, "train", 1_700_000_100.0)
+
+
+# -- a run small enough to compute by hand ------------------------------------------------------------
+#
+# Three GRPO frames with round numbers. Every run aggregate of it is worked out by hand in HAND_RUN
+# below (the arithmetic in each comment), so a sink test can compare what the tracker holds with
+# literals, never with what our own summary code computes.
+
+
+def hand_frames() -> list[Frame]:
+    return [
+        Frame(1, {
+            "train/loss_avg": 0.5, "train/weight_sum": 10, "train/valid_token_count": 10,
+            "train/clip_frac": 0.5, "train/kl_mean": 0.5, "train/kl_max": 0.25, "train/kl_beta": 0.04,
+            "train/reward_mean": 0.5, "train/reward_std": 0.5, "train/rollout_count": 4,
+            "train/reward_min": 0.0, "train/reward_max": 1.0, "train/response_len_max": 12,
+            "train/grad_norm": 2.0, "timer/e2e_step_s": 1.0, "optim/update_outcome": "applied",
+        }, "train", 1_700_000_001.0),
+        Frame(2, {
+            "train/loss_avg": 0.0, "train/weight_sum": 30, "train/valid_token_count": 30,
+            "train/clip_frac": 0.25, "train/kl_mean": 0.25, "train/kl_max": 0.75, "train/kl_beta": 0.04,
+            "train/reward_mean": 1.0, "train/reward_std": 0.0, "train/rollout_count": 4,
+            "train/reward_min": 1.0, "train/reward_max": 1.0, "train/response_len_max": 16,
+            "train/grad_norm": 0.0, "timer/e2e_step_s": 3.0, "optim/update_outcome": "skipped",
+        }, "train", 1_700_000_002.0),
+        # a producer's bad day: loss NaN, kl_max +inf, kl_mean -inf; no reward report this step
+        Frame(3, {
+            "train/loss_avg": math.nan, "train/weight_sum": 20, "train/valid_token_count": 20,
+            "train/clip_frac": 0.125, "train/kl_mean": -math.inf, "train/kl_max": math.inf, "train/kl_beta": 0.04,
+            "train/response_len_max": 14,
+            "train/grad_norm": 1.5, "timer/e2e_step_s": 2.0, "optim/update_outcome": "applied",
+        }, "train", 1_700_000_003.0),
+    ]
+
+
+HAND_RUN: dict[str, object] = {
+    # token-weighted, NaN left out with its weight: (0.5*10 + 0.0*30) / (10 + 30) = 5/40
+    "train/loss_avg": 0.125,
+    "train/weight_sum": 60,  # 10 + 30 + 20, an int total
+    "train/valid_token_count": 60,  # 10 + 30 + 20
+    # by valid_token_count: (0.5*10 + 0.25*30 + 0.125*20) / 60 = (5 + 7.5 + 2.5) / 60 = 15/60
+    "train/clip_frac": 0.25,
+    # by valid_token_count, -inf left out with its weight: (0.5*10 + 0.25*30) / 40 = 12.5/40
+    "train/kl_mean": 0.3125,
+    "train/kl_max": math.inf,  # max(0.25, 0.75, +inf): an infinite maximum is the run's maximum
+    "train/kl_beta": 0.04,  # mean of 0.04, 0.04, 0.04
+    "train/reward_mean": 0.75,  # by rollout_count: (0.5*4 + 1.0*4) / 8 = 6/8
+    # pooled over 8 rollouts: E[x^2] = (4*(0.5^2 + 0.5^2) + 4*(0.0^2 + 1.0^2)) / 8 = (2 + 4)/8 = 0.75,
+    # E[x] = 0.75, var = 0.75 - 0.75^2 = 0.1875 = 3/16, std = sqrt(3)/4
+    "train/reward_std": math.sqrt(3) / 4,
+    "train/rollout_count": 8,  # 4 + 4
+    "train/reward_min": 0.0,  # min(0.0, 1.0), a float key
+    "train/reward_max": 1.0,  # max(1.0, 1.0)
+    "train/response_len_max": 16,  # max(12, 16, 14), an int
+    "train/grad_norm": 1.5,  # LAST: step 3's value
+    "timer/e2e_step_s": 2.0,  # mean of 1.0, 3.0, 2.0
+    "optim/update_outcome/accumulating": 0,  # counts of windows per label: applied, skipped, applied
+    "optim/update_outcome/applied": 2,
+    "optim/update_outcome/skipped": 1,
+    "optim/update_outcome/discarded": 0,
+}
+HAND_NONFINITE = {"train/loss_avg": 1, "train/kl_mean": 1, "train/kl_max": 1}  # step 3's NaN, -inf, +inf
+
+# What a tracker shows per step: numbers as they are, each label as one 0/1 indicator per declared
+# label (written out here from the catalogue's declaration, not derived by our display code).
+HAND_INDICATORS = {
+    "optim/update_outcome/accumulating": [0, 0, 0],
+    "optim/update_outcome/applied": [1, 0, 1],  # applied, skipped, applied
+    "optim/update_outcome/skipped": [0, 1, 0],
+    "optim/update_outcome/discarded": [0, 0, 0],
+}
+
+DECLARED_LABELS = {
+    "optim/update_outcome": ("accumulating", "applied", "skipped", "discarded"),
+    "optim/skip_reason": ("nonfinite_loss", "nonfinite_gradient"),
+}
+"""The label keys of the trainer adapter and their labels, copied from the catalogue by hand."""
+
+
+def tracked(frame: Frame) -> dict[str, float | int | str]:
+    """The frame as a tracker must show it, computed independently of the publisher: a bool as 0/1,
+    a label as its string plus one 0/1 indicator per label of DECLARED_LABELS, everything else as is."""
+    out: dict[str, float | int | str] = {}
+    for key, value in frame.metrics.items():
+        if isinstance(value, bool):
+            out[key] = 1 if value else 0
+        elif isinstance(value, str):
+            out[key] = value
+            for label in DECLARED_LABELS[key]:
+                out[f"{key}/{label}"] = 1 if value == label else 0
+        else:
+            out[key] = value
+    return out
+
+
+class CloseCountingSink:
+    """A sink that records every ``close`` call it gets: unlike MemorySink (whose own guard hides a
+    second call), a close that runs twice shows here as two entries."""
+
+    name = "counting"
+    stores_nonfinite = frozenset({"nan", "inf"})
+
+    def __init__(self) -> None:
+        self.frames: list[Frame] = []
+        self.closes: list[bool] = []  # the ``failed`` flag of each close call, in order
+
+    def start(self, run: object) -> None:
+        pass
+
+    def write(self, frame: Frame) -> None:
+        self.frames.append(frame)
+
+    def close(self, *, failed: bool = False) -> None:
+        self.closes.append(failed)

@@ -9,4 +9,7 @@ for var in ("WANDB_API_KEY", "MLFLOW_TRACKING_URI", "WANDB_MODE", "WANDB_BASE_UR
     os.environ.pop(var, None)
 os.environ.setdefault("WANDB_SILENT", "true")
 
+import _profiles  # noqa: E402
 from _mlflow_server import mlflow_server  # noqa: E402,F401  (a real mlflow server, session-scoped)
+
+HYPOTHESIS_PROFILE = _profiles.load()  # before any test module builds its settings from the default

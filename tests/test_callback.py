@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from _runs import grpo_chunk
+from _runs import CloseCountingSink, grpo_chunk
 
 from posttrain_metrics import MetricsError
 from posttrain_metrics.callbacks import MetricsCallback, build_callback
@@ -72,8 +72,15 @@ def test_memory_sink_and_exception_unwinding_marks_failure(tmp_path):
         cb.on_window_end(1)
         raise RuntimeError("training crashed")
     assert sink.closed is True and len(sink.frames) == 1
-    cb.on_run_end()  # idempotent
-    assert sink.closed is True
+    counting = CloseCountingSink()  # counts closes: MemorySink's own guard would hide a second one
+    cb = MetricsCallback(adapters=["grpo", "reward", "trainer"], sinks=[counting])
+    with pytest.raises(RuntimeError), cb:
+        cb.on_chunk_end({"grpo_kl_max": 1.0})
+        cb.on_window_end(1)
+        raise RuntimeError("training crashed")
+    assert counting.closes == [True]
+    cb.on_run_end()  # idempotent: no second close reaches the sink
+    assert counting.closes == [True]
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,7 @@
 """Fuzz (hypothesis): random metric dicts into the reducer, random journal lines into the reader.
 
-Nothing but ``MetricsError`` may come out, nothing may hang (bounded examples, a deadline per example
-and a timeout per test), and nothing published before a bad window is lost: every frame that was
+Nothing but ``MetricsError`` may come out, nothing may hang (bounded examples and a timeout per
+test; no per-example wall-clock deadline, which a loaded machine breaks), and nothing published before a bad window is lost: every frame that was
 published is in the journal and the memory sink at the end, exactly, and a good window right after a
 bad one reduces to exactly what ``reduce_metrics`` gives for it alone.
 """
@@ -9,7 +9,6 @@ bad one reduces to exactly what ``reduce_metrics`` gives for it alone.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import itertools
 import json
 import math
@@ -37,8 +36,9 @@ ADAPTERS = [get_adapter(name) for name in GRPO_ADAPTERS]
 SOURCES = sorted(source for adapter in ADAPTERS for source in adapter.metrics)
 PUBLIC = set(describe(ADAPTERS))
 LABELS = ["applied", "skipped", "accumulating", "discarded", "nonfinite_loss", "bogus", ""]
-FUZZ = settings(deadline=datetime.timedelta(seconds=3), database=None, derandomize=True,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+# derandomize, database and deadline come from the loaded profile (tests/_profiles.py): derandomized
+# in CI, no wall-clock deadline anywhere. Only what is specific to these strategies is set here.
+FUZZ = settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 # -- values of every kind a producer might hand us ------------------------------------------------------
 
@@ -217,3 +217,49 @@ def test_random_journal_lines_raise_only_metrics_error(head: str, body: list[str
         assert all(type(v) in (bool, int, float, str) for v in frame.metrics.values())
     with contextlib.suppress(MetricsError):
         run_checks(journal)  # the doctor reads whatever the reader accepted
+
+
+# -- the hypothesis profile: derandomized in CI, never overridden by a test ------------------------------
+
+
+def test_the_loaded_profile_follows_the_ci_variable() -> None:
+    import os
+
+    import _profiles
+
+    ci = _profiles.profile_for(os.environ) == _profiles.CI_PROFILE
+    assert settings._current_profile == ("ci" if ci else "dev")  # loaded by conftest.py
+    assert settings.default.derandomize is ci
+    assert settings.default.deadline is None and settings.default.database is None
+    # the fuzz settings inherit it: nothing here re-randomizes or adds a deadline
+    assert FUZZ.derandomize is ci and FUZZ.deadline is None and FUZZ.database is None
+    assert _profiles.profile_for({"CI": "true"}) == "ci" and _profiles.profile_for({"CI": "1"}) == "ci"
+    assert _profiles.profile_for({}) == "dev" and _profiles.profile_for({"CI": "false"}) == "dev"
+
+
+def test_with_ci_set_the_profile_is_derandomized_in_a_fresh_process() -> None:
+    import os
+    import subprocess
+    import sys
+
+    code = ("import conftest, hypothesis; s = hypothesis.settings.default; "
+            "print(conftest.HYPOTHESIS_PROFILE, s.derandomize, s.deadline, s.database)")
+    env = {**os.environ, "CI": "true"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parent, env=env,
+                         capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.split() == ["ci", "True", "None", "None"], out.stderr
+
+
+def test_no_test_sets_its_own_randomness_for_hypothesis() -> None:
+    """A test's own ``derandomize=``/``database=``/``@seed``/``deadline=`` would override the profile."""
+    here = Path(__file__).parent
+    offenders = []
+    for path in sorted(here.glob("*.py")):
+        if path.name == "_profiles.py":
+            continue
+        text = path.read_text()
+        for needle in ("derandomize=", "@seed(", "hypothesis import seed", "database=", "deadline="):
+            # this file names the needles above; only a use in a settings(...) call counts
+            if needle in text.replace(f'"{needle}"', "").replace(f"``{needle}", ""):
+                offenders.append((path.name, needle))
+    assert offenders == []

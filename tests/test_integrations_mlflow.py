@@ -27,7 +27,7 @@ except ImportError as exc:  # fail, never skip: the MLflow sink is part of the p
     ) from exc
 
 from _mlflow_server import SERVER_STORES, free_port
-from _runs import GRPO_ADAPTERS, dpo_run, grpo_run, nonfinite_frame, ppo_run
+from _runs import GRPO_ADAPTERS, dpo_run, grpo_run, nonfinite_frame, ppo_run, tracked
 
 from posttrain_metrics import Frame
 from posttrain_metrics.core.keys import describe
@@ -35,7 +35,6 @@ from posttrain_metrics.core.redact import REDACTED
 from posttrain_metrics.core.reducer import resolve_adapters
 from posttrain_metrics.integrations import JournalSink, Publisher, RunInfo, read_journal
 from posttrain_metrics.integrations.mlflow import INSTALL, MlflowSink
-from posttrain_metrics.integrations.publisher import display_frame
 
 SECRET = "hunter2-secret"
 URI_SECRET = "hunter2-uri-pw"
@@ -113,7 +112,7 @@ def expected_series(frames: Sequence[Frame], pub: Publisher) -> dict[str, list[t
     bools as 0/1, absent keys absent."""
     out: dict[str, list[tuple[int, float]]] = {}
     for frame in frames:
-        for key, value in display_frame(frame, pub.keys).metrics.items():
+        for key, value in tracked(frame).items():  # _runs.tracked: independent of the publisher
             if not isinstance(value, str):
                 out.setdefault(key, []).append((frame.step, float(value)))
     return out
@@ -436,6 +435,22 @@ def test_dead_server_costs_the_sink_not_the_step(tmp_path: Path, mlflow_server: 
     frames = grpo_run(steps=10)
     sink = MlflowSink(tracking_uri=outage.uri, experiment="outage", http_max_retries=1,
                       http_backoff_factor=0, http_timeout=5)
+    # No stopwatch: the sink's writes are watched. Each records its thread; during the outage the first
+    # one is held until the test has published every outage step, so a step that waited on the sink
+    # could not return.
+    training_thread, writers = threading.get_ident(), set()
+    hold, held = threading.Event(), []
+    hold.set()
+    write = sink.write
+
+    def watched_write(frame: Frame) -> None:
+        writers.add(threading.get_ident())
+        if not hold.is_set():
+            held.append(frame.step)
+            hold.wait(60)
+        write(frame)
+
+    sink.write = watched_write  # type: ignore[method-assign]
     pub = Publisher([JournalSink(tmp_path / "journal.jsonl"), sink], adapters=GRPO_ADAPTERS)
     try:
         pub.start(CONFIG)
@@ -446,14 +461,23 @@ def test_dead_server_costs_the_sink_not_the_step(tmp_path: Path, mlflow_server: 
         while len(history(client, sink.run_id, "train/loss_avg")) < 3 and time.monotonic() < deadline:
             time.sleep(0.05)
         outage.down()
-        costs = []
+        hold.clear()
         with pytest.warns(UserWarning, match="degraded"):
-            for frame in frames[3:8]:
-                t0 = time.perf_counter()
+            pub.publish(frames[3])
+            deadline = time.monotonic() + 20
+            while not held and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert held == [4]  # the sink is inside its write of step 4, held there
+            for frame in frames[4:6]:
                 pub.publish(frame)
-                costs.append(time.perf_counter() - t0)
+            # ordering: steps 5 and 6 returned while the sink had still not finished step 4's write
+            assert held == [4] and not hold.is_set()
+            hold.set()  # now it meets the dead server
+            for frame in frames[6:8]:
                 time.sleep(0.3)  # a training step; failures surface meanwhile
-        assert max(costs) < 0.25, costs  # the step never waits on the dead server
+                pub.publish(frame)
+            time.sleep(0.3)
+        assert training_thread not in writers and writers  # no sink write ever ran on the step's thread
         assert sink.degraded
         outage.up()
         with warnings.catch_warnings(record=True) as caught:
@@ -476,8 +500,9 @@ def test_server_down_at_close_gives_up_quickly(tmp_path: Path, mlflow_server: st
     held is counted and warned about, and the journal has every frame."""
     outage = Outage(mlflow_server)
     outage.up()
+    drain_timeout = 120
     sink = MlflowSink(tracking_uri=outage.uri, experiment="down-at-close", http_max_retries=0,
-                      http_backoff_factor=0, http_timeout=5, backlog=3, drain_timeout=60)
+                      http_backoff_factor=0, http_timeout=5, backlog=3, drain_timeout=drain_timeout)
     pub = Publisher([JournalSink(tmp_path / "journal.jsonl"), sink], adapters=GRPO_ADAPTERS)
     try:
         pub.start({})
@@ -487,13 +512,15 @@ def test_server_down_at_close_gives_up_quickly(tmp_path: Path, mlflow_server: st
             for frame in grpo_run(steps=6):
                 pub.publish(frame)
                 time.sleep(0.1)
-            t0 = time.perf_counter()
+            t0 = time.monotonic()
             pub.close()
-            took = time.perf_counter() - t0
+            took = time.monotonic() - t0
     finally:
         outage.down()
     messages = [str(w.message) for w in caught]
-    assert took < 15, took
+    # close gave up on a failed probe instead of waiting out drain_timeout: a close that waited takes at
+    # least drain_timeout by construction (a logical bound, not a speed bound; it took ~3 s when written)
+    assert took < drain_timeout, took
     assert sink.degraded and sink.dropped >= 1
     assert sink.dropped + sink.unconfirmed == 6
     assert any("dropping the oldest" in m for m in messages)

@@ -13,15 +13,23 @@ import warnings
 from pathlib import Path
 
 import pytest
-from _runs import GRPO_ADAPTERS, dpo_run, grpo_run, nonfinite_frame, ppo_run
+from _runs import (
+    GRPO_ADAPTERS,
+    HAND_INDICATORS,
+    HAND_RUN,
+    dpo_run,
+    grpo_run,
+    hand_frames,
+    nonfinite_frame,
+    ppo_run,
+    tracked,
+)
 
 from posttrain_metrics import Frame, Metric, MetricAdapter, MetricsError, Reduction, get_adapter
 from posttrain_metrics.core.catalog.ppo import POLICY_WINDOW_LEAVES
 from posttrain_metrics.core.keys import describe
 from posttrain_metrics.core.redact import REDACTED
-from posttrain_metrics.core.summary import RunSummary
 from posttrain_metrics.integrations import JournalSink, Publisher, Sink, read_journal
-from posttrain_metrics.integrations.publisher import display_frame
 from posttrain_metrics.integrations.tensorboard import (
     AGGREGATE_PREFIX,
     CONFIG_TAG,
@@ -79,12 +87,12 @@ def same(got: float, want: float) -> bool:
     return (math.isnan(got) and math.isnan(want)) or got == f32(float(want))
 
 
-def assert_scalars_match(acc: ea.EventAccumulator, frames: list[Frame], keys) -> None:
-    """Every numeric key of every (displayed) frame is a point at its step; nothing else is."""
-    shown = [display_frame(f, keys) for f in frames]
+def assert_scalars_match(acc: ea.EventAccumulator, frames: list[Frame]) -> None:
+    """Every numeric key of every frame, as a tracker shows it (_runs.tracked, an oracle independent
+    of the publisher: label indicators added, bools as 0/1), is a point at its step; nothing else is."""
     expected: dict[str, list[tuple[int, float, float]]] = {}
-    for frame in shown:
-        for key, value in frame.metrics.items():
+    for frame in frames:
+        for key, value in tracked(frame).items():
             if not isinstance(value, str):
                 expected.setdefault(key, []).append((frame.step, float(value), frame.wall_time))
     assert set(acc.Tags()["scalars"]) == set(expected)
@@ -101,12 +109,12 @@ def assert_scalars_match(acc: ea.EventAccumulator, frames: list[Frame], keys) ->
 
 def test_grpo_run_every_scalar_per_step_equals_the_frame(tmp_path):
     frames = grpo_run(steps=6)
-    pub, sink = publish(tmp_path, frames)
+    _, sink = publish(tmp_path, frames)
     assert isinstance(sink, Sink)
     assert sink.path == tmp_path / "tb"
     assert len(list(sink.path.glob("events.out.tfevents.*"))) == 1
     acc = load(sink.path)
-    assert_scalars_match(acc, frames, pub.keys)
+    assert_scalars_match(acc, frames)
     # one event per step holds the step's scalars (plus the config and layout event at step 0)
     assert "optim/update_outcome/skipped" in acc.Tags()["scalars"]
     assert [e.value for e in acc.Scalars("optim/update_outcome/skipped")] == [0, 0, 1, 0, 0, 0]
@@ -137,16 +145,29 @@ def test_labels_are_text_and_their_indicators_are_scalars(tmp_path):
     texts = acc.Tensors("optim/update_outcome")
     assert [t.step for t in texts] == [1, 2, 3, 4]
     assert [t.tensor_proto.string_val[0].decode() for t in texts] == ["applied", "applied", "skipped", "applied"]
-    for label in ("accumulating", "applied", "skipped", "discarded"):
-        values = [e.value for e in acc.Scalars(f"optim/update_outcome/{label}")]
-        assert values == [float(f.metrics["optim/update_outcome"] == label) for f in frames]
+    # steps 1-4: applied, applied, skipped (grpo_run's step 3), applied
+    assert [e.value for e in acc.Scalars("optim/update_outcome/applied")] == [1.0, 1.0, 0.0, 1.0]
+    assert [e.value for e in acc.Scalars("optim/update_outcome/skipped")] == [0.0, 0.0, 1.0, 0.0]
+    assert [e.value for e in acc.Scalars("optim/update_outcome/accumulating")] == [0.0, 0.0, 0.0, 0.0]
+    assert [e.value for e in acc.Scalars("optim/update_outcome/discarded")] == [0.0, 0.0, 0.0, 0.0]
+
+
+def test_indicators_of_a_hand_written_run(tmp_path):
+    _, sink = publish(tmp_path, hand_frames())
+    acc = load(sink.path)
+    texts = acc.Tensors("optim/update_outcome")
+    assert [t.tensor_proto.string_val[0].decode() for t in texts] == ["applied", "skipped", "applied"]
+    for key, want in HAND_INDICATORS.items():
+        assert [(e.step, e.value) for e in acc.Scalars(key)] == [(1, want[0]), (2, want[1]), (3, want[2])], key
+    assert [e.value for e in acc.Scalars("train/kl_max")] == [0.25, 0.75, math.inf]
+    assert [e.step for e in acc.Scalars("train/reward_mean")] == [1, 2]  # absent at step 3, not 0
 
 
 def test_ppo_critic_warmup_steps_have_no_policy_keys(tmp_path):
     frames = ppo_run(steps=4, warmup=2)
-    pub, sink = publish(tmp_path, frames, "ppo")
+    _, sink = publish(tmp_path, frames, "ppo")
     acc = load(sink.path)
-    assert_scalars_match(acc, frames, pub.keys)
+    assert_scalars_match(acc, frames)
     policy_tags = [t for t in acc.Tags()["scalars"] if t.split("/", 1)[1] in POLICY_WINDOW_LEAVES]
     assert "train/policy_loss" in policy_tags and "optim/policy_optimizer_step" in policy_tags
     for tag in policy_tags:
@@ -156,9 +177,9 @@ def test_ppo_critic_warmup_steps_have_no_policy_keys(tmp_path):
 
 def test_dpo_train_and_val_keys_both_present(tmp_path):
     frames = dpo_run(steps=3)
-    pub, sink = publish(tmp_path, frames, "dpo")
+    _, sink = publish(tmp_path, frames, "dpo")
     acc = load(sink.path)
-    assert_scalars_match(acc, frames, pub.keys)
+    assert_scalars_match(acc, frames)
     tags = acc.Tags()["scalars"]
     for leaf in ("loss_avg", "dpo_accuracy", "dpo_reward_margin"):
         assert f"train/{leaf}" in tags and f"val/{leaf}" in tags
@@ -169,9 +190,9 @@ def test_nan_and_inf_are_stored_as_nan_and_inf(tmp_path):
     frames = [*grpo_run(steps=2), nonfinite_frame(3)]
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the sink stores them: the publisher must not skip or warn
-        pub, sink = publish(tmp_path, frames)
+        _, sink = publish(tmp_path, frames)
     acc = load(sink.path)
-    assert_scalars_match(acc, frames, pub.keys)
+    assert_scalars_match(acc, frames)
     last = {k: acc.Scalars(k)[-1] for k in ("train/loss_avg", "train/kl_max", "train/kl_mean")}
     assert all(e.step == 3 for e in last.values())
     assert math.isnan(last["train/loss_avg"].value)
@@ -254,6 +275,13 @@ def test_close_is_idempotent_and_log_dir_takes_the_run_name(tmp_path):
     assert pub.failures == {}
     assert sink.path == tmp_path / "exp-abc"
     assert len(list((sink.path / HPARAMS_DIR).glob("events.out.tfevents.*"))) == 1  # written once
+    # and within it, one session end: a close that ran again would write a second one
+    from tensorboard.backend.event_processing import event_file_loader
+
+    ends = [v for path in (sink.path / HPARAMS_DIR).glob("events.out.tfevents.*")
+            for e in event_file_loader.EventFileLoader(str(path)).Load() if e.HasField("summary")
+            for v in e.summary.value if v.tag == hparams_metadata.SESSION_END_INFO_TAG]
+    assert len(ends) == 1
 
 
 def test_constructing_the_sink_imports_no_tensorboard():
@@ -385,9 +413,8 @@ def hparams_session(path: Path) -> tuple[ea.EventAccumulator, plugin_data_pb2.Se
 
 
 def test_hparams_hold_the_config_and_the_run_aggregates(tmp_path):
-    frames = grpo_run(steps=5)
     config = {"rl": {"kl_beta": 0.04, "clip": True}, "model": "tiny", "wandb": {"api_key": "PLANTED-secret"}}
-    pub, sink = publish(tmp_path, frames, config=config)
+    _, sink = publish(tmp_path, hand_frames(), config=config)
     acc, start, end = hparams_session(sink.path)
     assert start.hparams["rl/kl_beta"].number_value == 0.04
     assert start.hparams["rl/clip"].bool_value is True
@@ -395,17 +422,18 @@ def test_hparams_hold_the_config_and_the_run_aggregates(tmp_path):
     assert start.hparams["wandb/api_key"].string_value == REDACTED
     assert start.hparams["adapters"].string_value == "grpo,reward,trainer"
     assert end.status == api_pb2.STATUS_SUCCESS
-    summary = RunSummary(pub.keys)
-    for frame in frames:
-        summary.add(display_frame(frame, pub.keys))
-    want = summary.values()
-    assert set(acc.Tags()["scalars"]) == {AGGREGATE_PREFIX + k for k in want}
-    for key, value in want.items():
+    # every aggregate is the hand-computed figure of _runs.HAND_RUN (the arithmetic is written there)
+    assert set(acc.Tags()["scalars"]) == {AGGREGATE_PREFIX + k for k in HAND_RUN}
+    for key, want in HAND_RUN.items():
         [point] = acc.Scalars(AGGREGATE_PREFIX + key)
-        assert point.step == 5 and same(point.value, float(value)), key
-    tokens = sum(f.metrics["train/valid_token_count"] for f in frames)  # a run total, not a last value
-    assert acc.Scalars(AGGREGATE_PREFIX + "train/valid_token_count")[0].value == f32(tokens)
-    assert acc.Scalars(AGGREGATE_PREFIX + "optim/update_outcome/skipped")[0].value == 1
+        assert point.step == 3 and same(point.value, float(want)), (key, point.value, want)
+    agg = {k: acc.Scalars(AGGREGATE_PREFIX + k)[0].value for k in HAND_RUN}
+    assert agg["train/loss_avg"] == 0.125  # (0.5*10 + 0.0*30) / 40: the NaN of step 3 and its weight left out
+    assert agg["train/valid_token_count"] == 60  # 10 + 30 + 20: a run total, not the last value 20
+    assert agg["train/clip_frac"] == 0.25  # (0.5*10 + 0.25*30 + 0.125*20) / 60
+    assert agg["train/kl_max"] == math.inf
+    assert agg["train/reward_std"] == f32(0.4330127018922193)  # pooled: sqrt(0.75 - 0.75^2)
+    assert agg["optim/update_outcome/skipped"] == 1 and agg["optim/update_outcome/applied"] == 2
     for path in sink.path.rglob("events.out.tfevents.*"):
         assert b"PLANTED-secret" not in path.read_bytes()
 

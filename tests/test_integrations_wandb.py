@@ -16,16 +16,24 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _runs import GRPO_ADAPTERS, dpo_run, grpo_run, nonfinite_frame, ppo_run
+from _runs import (
+    GRPO_ADAPTERS,
+    HAND_INDICATORS,
+    HAND_NONFINITE,
+    HAND_RUN,
+    dpo_run,
+    grpo_run,
+    hand_frames,
+    nonfinite_frame,
+    ppo_run,
+    tracked,
+)
 
 from posttrain_metrics import Frame, MetricsError
-from posttrain_metrics.core.keys import KeyInfo, describe
+from posttrain_metrics.core.keys import KeyInfo
 from posttrain_metrics.core.redact import REDACTED
-from posttrain_metrics.core.reducer import resolve_adapters
 from posttrain_metrics.core.reduction import Reduction
-from posttrain_metrics.core.summary import RunSummary
 from posttrain_metrics.integrations import JournalSink, Publisher, Sink, read_journal
-from posttrain_metrics.integrations.publisher import display_frame
 from posttrain_metrics.integrations.wandb import NAMESPACES, RUN_PREFIX, STEP_KEY, WandbSink, resolve_mode
 from posttrain_metrics.integrations.wandb_reader import OfflineRun, read_offline_run
 
@@ -44,7 +52,7 @@ W_RESERVED = {"_step", "_runtime", "_timestamp", STEP_KEY}
 class Published:
     dir: Path
     frames: list[Frame]  # as handed to the publisher (what the journal keeps)
-    shown: list[Frame]  # as the W&B sink received them (label indicators added, bools as 0/1)
+    shown: list[Frame]  # as W&B must show them (label indicators added, bools as 0/1; _runs.tracked)
     keys: Mapping[str, KeyInfo]
     sink: WandbSink
     wb: OfflineRun
@@ -77,7 +85,7 @@ def publish(
     assert pub.failures == {}, pub.failures
     # the publisher removed nothing for this sink (it would warn "wandb: <key> = nan cannot be stored")
     assert not [w for w in caught if str(w.message).startswith(("wandb:", "sink 'wandb'"))], caught
-    shown = [display_frame(f, pub.keys) for f in frames]
+    shown = [Frame(f.step, tracked(f), f.phase, f.wall_time) for f in frames]  # an independent oracle
     return Published(folder, frames, shown, pub.keys, sink, read_offline_run(folder / "wandb"))
 
 
@@ -94,6 +102,12 @@ def grpo(tmp_path_factory: pytest.TempPathFactory) -> Published:
         tmp_path_factory.mktemp("grpo"), grpo_frames(), GRPO_ADAPTERS, summary_every=4,
         tags=["unit", "grpo"], group="sinks", job_type="train", notes="read back from the .wandb log",
     )
+
+
+@pytest.fixture(scope="module")
+def hand(tmp_path_factory: pytest.TempPathFactory) -> Published:
+    """_runs.hand_frames: three frames whose every run aggregate is worked out by hand (_runs.HAND_RUN)."""
+    return publish(tmp_path_factory.mktemp("hand"), hand_frames(), GRPO_ADAPTERS, summary_every=2)
 
 
 @pytest.fixture(scope="module")
@@ -218,23 +232,34 @@ def test_wandb_summaries_hold_what_define_metric_asked_for(grpo):
     assert summary["optim/update_outcome/skipped"]["mean"] == pytest.approx(outcomes.count("skipped") / len(outcomes))
 
 
-def test_run_aggregates_are_in_the_summary_under_run_prefix(grpo):
-    summary = grpo.wb.summary
-    oracle = RunSummary(describe(resolve_adapters(GRPO_ADAPTERS)))
-    for frame in grpo.shown:
-        oracle.add(frame)
-    values = oracle.values()
-    assert values, "the oracle folded nothing"
-    for key, want in values.items():
+def test_wandb_summaries_of_a_hand_computed_run(hand):
+    summary = hand.wb.summary
+    assert summary["train/kl_max"] == {"max": math.inf}  # max(0.25, 0.75, +inf)
+    assert summary["train/response_len_max"] == {"max": 16}  # max(12, 16, 14)
+    assert summary["train/reward_min"] == {"min": 0.0}  # min(0.0, 1.0)
+    assert summary["train/clip_frac"]["max"] == 0.5 and summary["train/clip_frac"]["last"] == 0.125
+    assert summary["train/valid_token_count"] == 20  # a SUM key keeps W&B's plain last value
+    assert summary["optim/update_outcome"] == "applied"  # the last label
+    # share of windows per outcome: applied, skipped, applied
+    assert summary["optim/update_outcome/skipped"]["mean"] == pytest.approx(1 / 3, rel=1e-12)
+    assert summary["optim/update_outcome/applied"]["mean"] == pytest.approx(2 / 3, rel=1e-12)
+
+
+def test_run_aggregates_are_in_the_summary_under_run_prefix(hand):
+    """Every ``run/`` aggregate equals the hand-computed figure of _runs.HAND_RUN (arithmetic there)."""
+    summary = hand.wb.summary
+    for key, want in HAND_RUN.items():
         got = summary[f"{RUN_PREFIX}{key}"]
-        if isinstance(want, float) and math.isnan(want):
-            assert got is None, key  # W&B stores a NaN summary value as null (documented)
-        else:
-            assert same(got, want), (key, got, want)
-    assert {k: summary[f"{RUN_PREFIX}nonfinite/{k}"] for k in oracle.nonfinite} == {
-        "train/loss_avg": 1, "train/kl_max": 1, "train/kl_mean": 1}
+        assert same(got, want), (key, got, want)
+    assert {k: summary[f"{RUN_PREFIX}nonfinite/{k}"] for k in HAND_NONFINITE} == HAND_NONFINITE
     ours = {k for k in summary if k.startswith(RUN_PREFIX)}
-    assert ours == {f"{RUN_PREFIX}{k}" for k in values} | {f"{RUN_PREFIX}nonfinite/{k}" for k in oracle.nonfinite}
+    assert ours == {f"{RUN_PREFIX}{k}" for k in HAND_RUN} | {f"{RUN_PREFIX}nonfinite/{k}" for k in HAND_NONFINITE}
+    # the literals above, spelled out for the keys where a wrong reduction would be easy to miss
+    assert summary["run/train/loss_avg"] == 0.125  # (0.5*10 + 0.0*30) / 40: NaN and its weight left out
+    assert summary["run/train/kl_mean"] == 0.3125  # (0.5*10 + 0.25*30) / 40: -inf and its weight left out
+    assert summary["run/train/valid_token_count"] == 60 and type(summary["run/train/valid_token_count"]) is int
+    assert summary["run/train/reward_std"] == pytest.approx(0.4330127018922193, rel=1e-12)  # sqrt(3/16)
+    assert summary["run/train/grad_norm"] == 1.5  # LAST, not a mean (2.0 + 0.0 + 1.5)/3
 
 
 def test_run_aggregates_match_a_direct_computation(grpo):
@@ -265,13 +290,27 @@ def test_run_aggregates_are_written_during_the_run_not_only_at_close(grpo):
     assert ours and ours[0] < last_row, "summary_every=4 should push aggregates before the last row"
 
 
-def test_labels_are_logged_as_strings_and_as_indicators(grpo):
-    for row, frame in zip(grpo.wb.history, grpo.frames):
-        label = frame.metrics["optim/update_outcome"]
-        assert row["optim/update_outcome"] == label
-        for outcome in ("accumulating", "applied", "skipped", "discarded"):
-            assert row[f"optim/update_outcome/{outcome}"] == int(outcome == label)
+def test_labels_are_logged_as_strings_and_as_indicators(grpo, hand):
+    assert [row["optim/update_outcome"] for row in hand.wb.history] == ["applied", "skipped", "applied"]
+    for key, want in HAND_INDICATORS.items():
+        got = [row[key] for row in hand.wb.history]
+        assert got == want and all(type(v) is int for v in got), (key, got)
+    # the longer GRPO run: step 3 is its skip, every other window applied
+    assert [row["optim/update_outcome"] for row in grpo.wb.history] == [
+        "applied", "applied", "skipped", "applied", "applied", "applied", "applied", "applied"]
+    assert [row["optim/update_outcome/skipped"] for row in grpo.wb.history] == [0, 0, 1, 0, 0, 0, 0, 0]
+    assert [row["optim/update_outcome/applied"] for row in grpo.wb.history] == [1, 1, 0, 1, 1, 1, 1, 1]
     assert grpo.wb.column("optim/update_outcome")[3] == "skipped"
+
+
+def test_a_hand_computed_run_is_stored_row_by_row(hand):
+    rows = hand.wb.history
+    assert [r[STEP_KEY] for r in rows] == [1, 2, 3]
+    assert [r["train/loss_avg"] for r in rows][:2] == [0.5, 0.0] and math.isnan(rows[2]["train/loss_avg"])
+    assert [r["train/kl_max"] for r in rows] == [0.25, 0.75, math.inf]
+    assert [r["train/response_len_max"] for r in rows] == [12, 16, 14]
+    assert "train/reward_mean" not in rows[2]  # absent, not 0
+    assert metric_keys(rows[0]) == set(hand_frames()[0].metrics) | set(HAND_INDICATORS)
 
 
 def test_config_is_flat_and_redacted_and_no_secret_reaches_any_file(grpo):

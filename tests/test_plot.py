@@ -14,7 +14,7 @@ from _runs import GRPO_ADAPTERS, dpo_run, grpo_run, nonfinite_frame, ppo_run
 
 from posttrain_metrics import Frame, MetricsError
 from posttrain_metrics.cli import main
-from posttrain_metrics.core.health import Severity, run_checks
+from posttrain_metrics.core.health import Finding, Severity, run_checks
 from posttrain_metrics.integrations import Journal, JournalSink, Publisher, read_journal
 from posttrain_metrics.plot import dashboard
 
@@ -60,7 +60,7 @@ def test_grpo_dashboard(tmp_path):
     check_png(out)
 
 
-def test_grpo_dashboard_with_findings_and_non_finite_points(tmp_path):
+def test_grpo_dashboard_with_findings_and_non_finite_points(tmp_path, monkeypatch):
     frames = grpo_run(steps=20)
     changed = []
     for frame in frames:
@@ -73,7 +73,87 @@ def test_grpo_dashboard_with_findings_and_non_finite_points(tmp_path):
                          config={"rl": {"n_mini": 1}})
     findings = run_checks(journal)
     assert {f.severity for f in findings} >= {Severity.ERROR, Severity.WARNING}
+    saved = drawn_figure(monkeypatch)
     check_png(dashboard(journal, findings, tmp_path / "sick.png"))
+    [figure] = saved
+    axes = {ax.get_title(loc="left"): ax for ax in figure.axes if ax.get_title(loc="left")}
+    # the doctor's findings, whatever they are, each get a row and their bars in the findings strip
+    strip = axes["Doctor findings (where they fire)"]
+    marked = [f for f in findings if f.steps]
+    assert [t.get_text() for t in strip.get_yticklabels()] == [f"{f.severity.value}: {f.check}" for f in marked]
+    assert len(spans(strip)) >= len(marked)
+    # the skips at steps 8-9 made grad_norm infinite: its panel is shaded there (and x-marked)
+    assert (7.5, 2.0) in [(x, w) for x, w, _, _ in spans(axes["Gradient norm (pre-clip)"])]
+
+
+def drawn_figure(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """Capture the figure ``dashboard`` saves, to inspect what it drew (the PNG alone cannot say)."""
+    import matplotlib.figure
+
+    saved: list[object] = []
+    real = matplotlib.figure.Figure.savefig
+
+    def savefig(self, *args, **kwargs):
+        saved.append(self)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
+    return saved
+
+
+def spans(ax) -> list[tuple[float, float, str, float]]:
+    """Shaded step spans on an axis: (first step - 0.5, width, colour, alpha)."""
+    from matplotlib.colors import to_hex
+    from matplotlib.patches import Rectangle
+
+    return [(float(p.get_x()), float(p.get_width()), to_hex(p.get_facecolor()), round(p.get_facecolor()[3], 2))
+            for p in ax.patches if isinstance(p, Rectangle)]
+
+
+RED, ORANGE, BLUE = "#d62728", "#ff7f0e", "#1f77b4"  # error, warning, info
+
+
+def test_findings_are_marked_on_the_panels_that_show_their_keys(tmp_path, monkeypatch):
+    frames = grpo_run(steps=20)
+    changed = []
+    for frame in frames:
+        metrics = dict(frame.metrics)
+        if frame.step in (8, 9):
+            metrics.update({"optim/update_outcome": "skipped", "train/grad_norm": math.inf})
+        changed.append(Frame(frame.step, metrics, frame.phase, frame.wall_time))
+    journal = journal_of(tmp_path / "j.jsonl", changed, GRPO_ADAPTERS)
+    # findings written by hand (not by the doctor): where each one fires and which keys it is about
+    findings = [
+        Finding("skipped_twice", Severity.ERROR, (8, 9), "two skips", "look", ("train/grad_norm",)),
+        Finding("kl_spike", Severity.WARNING, (12, 13, 14, 18), "a spike", "look", ("train/kl_max",)),
+        Finding("one_skip", Severity.INFO, (3,), "a zero-gradient skip", "none",
+                ("train/grpo_informative_group_count",)),
+        Finding("run_level", Severity.WARNING, (), "no steps: listed, not marked", "none", ("train/kl_max",)),
+    ]
+    saved = drawn_figure(monkeypatch)
+    dashboard(journal, findings, tmp_path / "marked.png")
+    [figure] = saved
+    axes = {ax.get_title(loc="left"): ax for ax in figure.axes if ax.get_title(loc="left")}
+    # steps 8-9 -> one span from 7.5, 2 steps wide; 12-14 and 18 -> two spans; 3 -> one span
+    assert spans(axes["Gradient norm (pre-clip)"]) == [(7.5, 2.0, RED, 0.16)]
+    assert spans(axes["KL to reference"]) == [(11.5, 3.0, ORANGE, 0.16), (17.5, 1.0, ORANGE, 0.16)]
+    assert spans(axes["Groups (GRPO)"]) == [(2.5, 1.0, BLUE, 0.08)]
+    for title in ("Reward", "Loss", "Clipping and importance ratio", "Learning rate"):
+        assert spans(axes[title]) == [], title  # about none of these panels' keys
+    # the findings strip: one row per finding that has steps, bars where it fires
+    strip = axes["Doctor findings (where they fire)"]
+    assert [t.get_text() for t in strip.get_yticklabels()] == [
+        "error: skipped_twice", "warning: kl_spike", "info: one_skip"]
+    assert sorted((x, w, c) for x, w, c, _ in spans(strip)) == [
+        (2.5, 1.0, BLUE), (7.5, 2.0, RED), (11.5, 3.0, ORANGE), (17.5, 1.0, ORANGE)]
+    # the grad_norm panel marks its two infinite points with a red x at steps 8 and 9
+    marks = [line for line in axes["Gradient norm (pre-clip)"].get_lines() if line.get_marker() == "x"]
+    assert [list(line.get_xdata()) for line in marks] == [[8, 9]]
+    # every finding is listed in the text under the strip, the run-level one too
+    text = " ".join(t.get_text() for ax in figure.axes for t in ax.texts)
+    for needle in ("ERROR skipped_twice (steps 8-9)", "WARNING kl_spike (steps 12-14, 18)",
+                   "INFO one_skip (steps 3)", "WARNING run_level: no steps"):
+        assert needle in text, needle
 
 
 def test_ppo_dashboard(tmp_path):

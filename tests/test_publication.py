@@ -8,7 +8,16 @@ import math
 import warnings
 
 import pytest
-from _runs import GRPO_ADAPTERS, grpo_run, nonfinite_frame, ppo_run
+from _runs import (
+    GRPO_ADAPTERS,
+    HAND_NONFINITE,
+    HAND_RUN,
+    CloseCountingSink,
+    grpo_run,
+    hand_frames,
+    nonfinite_frame,
+    ppo_run,
+)
 
 from posttrain_metrics import Frame, MetricsError, get_adapter
 from posttrain_metrics.core.keys import describe
@@ -116,11 +125,29 @@ def test_absent_stays_absent_in_the_publisher():
     assert "train/policy_loss" in sink.frames[2].metrics
 
 
-def test_close_is_idempotent_and_reports_failure():
-    sink = MemorySink()
-    pub = publish(grpo_run(steps=1), [sink], failed=True)
-    pub.close()
-    assert sink.closed is True
+@pytest.mark.parametrize("background", [True, False])
+def test_close_is_idempotent_and_reports_failure(tmp_path, background):
+    sink = CloseCountingSink()  # records every close it gets: a second one would show
+    pub = Publisher([sink, JournalSink(tmp_path / "j.jsonl")], adapters=GRPO_ADAPTERS, background=background)
+    pub.start({})
+    pub.publish(grpo_run(steps=1)[0])
+    pub.close(failed=True)
+    assert sink.closes == [True] and len(sink.frames) == 1
+    pub.close()  # a second close of the publisher reaches no sink
+    pub.close(failed=False)
+    assert sink.closes == [True]
+    ends = [json.loads(line) for line in (tmp_path / "j.jsonl").read_text().splitlines()
+            if json.loads(line)["kind"] == "end"]
+    assert [e["status"] for e in ends] == ["failed"]  # one end record: the first close's status
+
+
+def test_the_journal_sinks_own_close_is_idempotent(tmp_path):
+    sink = JournalSink(tmp_path / "j.jsonl")
+    publish(grpo_run(steps=1), [sink])
+    sink.close(failed=True)  # again, directly: no second end record, the status stays
+    kinds = [json.loads(line)["kind"] for line in (tmp_path / "j.jsonl").read_text().splitlines()]
+    assert kinds.count("end") == 1 and kinds[-1] == "end"
+    assert read_journal(tmp_path / "j.jsonl").end["status"] == "finished"
 
 
 def test_console_headline_follows_the_catalogue():
@@ -140,27 +167,28 @@ def test_console_headline_follows_the_catalogue():
 
 
 def test_run_summary_uses_each_keys_semantics():
-    frames = grpo_run(steps=5)
+    """RunSummary against the hand-computed aggregates of _runs.HAND_RUN (arithmetic written there)."""
     summary = RunSummary(describe([get_adapter(a) for a in GRPO_ADAPTERS]))
-    for frame in frames:
+    for frame in hand_frames():
         summary.add(frame)
     got = summary.values()
-    tokens = [f.metrics["train/valid_token_count"] for f in frames]
-    clip = [f.metrics["train/clip_frac"] for f in frames]
-    assert got["train/clip_frac"] == pytest.approx(sum(c * t for c, t in zip(clip, tokens)) / sum(tokens))
-    assert got["train/valid_token_count"] == sum(tokens)
-    assert got["train/kl_max"] == max(f.metrics["train/kl_max"] for f in frames)
-    assert got["train/response_len_max"] == max(f.metrics["train/response_len_max"] for f in frames)
-    assert isinstance(got["train/response_len_max"], int)
-    assert got["optim/update_outcome/skipped"] == 1 and got["optim/update_outcome/applied"] == 4
-    assert got["optim/optimizer_step"] == frames[-1].metrics["optim/optimizer_step"]
-    summary.add(nonfinite_frame(6))  # loss_avg NaN, kl_max +inf, kl_mean -inf
+    assert set(got) == set(HAND_RUN)
+    for key, want in HAND_RUN.items():
+        if isinstance(want, float) and math.isfinite(want):
+            assert got[key] == pytest.approx(want, rel=1e-12, abs=0.0), key
+        else:
+            assert got[key] == want and type(got[key]) is type(want), key
+    assert got["train/loss_avg"] == 0.125  # (0.5*10 + 0.0*30) / 40, NaN and its weight left out
+    assert got["train/clip_frac"] == 0.25  # (0.5*10 + 0.25*30 + 0.125*20) / 60
+    assert got["train/valid_token_count"] == 60 and isinstance(got["train/valid_token_count"], int)
+    assert got["train/response_len_max"] == 16 and isinstance(got["train/response_len_max"], int)
+    assert got["train/reward_std"] == pytest.approx(0.4330127018922193, rel=1e-12)  # sqrt(0.75 - 0.75^2)
+    assert summary.nonfinite == HAND_NONFINITE
+    summary.add(Frame(4, {"train/kl_max": math.nan, "train/reward_min": -0.5}))
     got = summary.values()
-    assert got["train/kl_max"] == math.inf  # an infinite maximum is the run's maximum
-    assert math.isfinite(got["train/loss_avg"]) and math.isfinite(got["train/kl_mean"])  # NaN/inf left out of means
-    assert summary.nonfinite == {"train/loss_avg": 1, "train/kl_max": 1, "train/kl_mean": 1}
-    summary.add(Frame(7, {"train/kl_max": math.nan}))
-    assert summary.values()["train/kl_max"] == math.inf  # a NaN does not poison it
+    assert got["train/kl_max"] == math.inf  # a NaN does not poison it
+    assert got["train/reward_min"] == -0.5  # min(0.0, 1.0, -0.5)
+    assert summary.nonfinite == {**HAND_NONFINITE, "train/kl_max": 2}
 
 
 @pytest.mark.parametrize(
@@ -198,35 +226,36 @@ def test_journal_holds_no_secret(tmp_path):
 
 def test_background_sinks_never_hold_the_step_and_drop_oldest_when_full(tmp_path):
     import threading
-    import time
 
     gate, entered = threading.Event(), threading.Event()
+    released: list[bool] = []  # per write: whether the gate opened (False: it gave up after 60 s)
 
     class Slow(MemorySink):
         name = "slow"
 
         def write(self, frame):
             entered.set()
-            gate.wait(10)  # a tracker that hangs until released
+            released.append(gate.wait(60))  # a tracker that hangs until released
             super().write(frame)
 
     slow = Slow()
     pub = Publisher([JournalSink(tmp_path / "j.jsonl"), slow], adapters=GRPO_ADAPTERS, queue_size=3)
     pub.start({})
     frames = grpo_run(steps=8)
-    started = time.perf_counter()
     pub.publish(frames[0])
-    assert entered.wait(10)  # the sink now hangs inside its first write
+    assert entered.wait(60)  # the sink now hangs inside its first write
     with pytest.warns(UserWarning, match="dropping its oldest frames"):
         for frame in frames[1:]:
             pub.publish(frame)
-    assert time.perf_counter() - started < 1.0  # the hung sink cost the steps nothing
+    # ordering, not a stopwatch: all 8 steps returned while the sink still hung in its first write
+    assert released == [] and slow.frames == []
     assert len(read_journal(tmp_path / "j.jsonl").frames) == 8  # the journal has every frame
     gate.set()
     pub.close()
     # one frame was in the sink's hands when it hung, 3 fit the queue, the rest were the oldest
     assert pub.dropped == {"slow": 4}
     assert [f.step for f in slow.frames] == [1, 6, 7, 8]
+    assert released == [True, True, True, True]  # the first write was released by the test, not a timeout
     assert slow.closed is False
 
 

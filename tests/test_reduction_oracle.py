@@ -288,7 +288,7 @@ def test_pooled_std_of_tied_values_is_zero(mean: float) -> None:
     assert result["train/reward_std"] == pytest.approx(0.0, abs=ABS)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(
     mean=st.floats(-1e3, 1e3),
     parts=st.lists(
@@ -615,7 +615,7 @@ def partition(units: Sequence[dict[str, Any]], rng: random.Random, n_ranks: int)
     return out
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
 @given(units=_contributions, data=st.data())
 def test_repartition_does_not_change_invariant_reductions(units: list[dict[str, Any]], data: st.DataObject) -> None:
     rng = data.draw(st.randoms(use_true_random=False))
@@ -631,7 +631,7 @@ def test_repartition_does_not_change_invariant_reductions(units: list[dict[str, 
         assert_matches(reduce_metrics(PROP, split), reference)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100)
 @given(
     layout=st.lists(st.integers(0, 4), min_size=1, max_size=5),
     seed=st.integers(0, 2**32 - 1),
