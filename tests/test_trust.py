@@ -375,3 +375,82 @@ def test_a_refused_worker_export_leaves_nothing_pending() -> None:
     assert worker.pending_chunks == 0
     worker.add({"grpo_kl_max": 0.5})
     assert merge_exported("grpo", [worker.export(4)]).metrics == {"train/kl_max": 0.5}
+
+
+# -- found by a second read ------------------------------------------------------------------------------
+
+
+def test_a_nan_std_is_a_value_and_drops_out_with_a_zero_count() -> None:
+    nan = math.nan
+    empty = {"reward_mean": nan, "reward_std": nan, "reward_min": nan, "reward_max": nan, "rollout_count": 0}
+    scored = {"reward_mean": 1.0, "reward_std": 0.5, "reward_min": 0.0, "reward_max": 2.0, "rollout_count": 4}
+    got = reduce_metrics("reward", [[empty], [scored]])
+    assert got == {"train/reward_mean": 1.0, "train/reward_std": 0.5, "train/reward_min": 0.0,
+                   "train/reward_max": 2.0, "train/rollout_count": 4}
+    val = reduce_metrics("validation", [[{"reward_avg": 1.0, "reward_std": nan}]], phase="val")
+    assert val["val/reward_avg"] == 1.0 and math.isnan(val["val/reward_std"])  # one sample's torch.std()
+
+
+def test_nft_chunk_with_both_moments_and_no_std_still_counts_for_the_std() -> None:
+    # {1,1} reported with its std, {3,3} with its moments only: E[x] 2, E[x^2] 5, std sqrt(5 - 4) = 1
+    got = reduce_metrics("nft", [[nft_chunk([1, 1])],
+                                 [{"nft_optimality_mean": 3.0, "nft_optimality_second_moment": 9.0}]])
+    assert (got["train/optimality_mean"], got["train/optimality_second_moment"], got["train/optimality_std"]) == (
+        2.0, 5.0, 1.0)
+
+
+def test_step_level_grpo_chunks_are_not_part_of_the_gap_familys_batch() -> None:
+    # the gap is measured over completion tokens: a chunk of step-level values (a logged loss with a
+    # unit weight_sum, the kl_beta echo) holds no trajectory, so it needs no gap record
+    gap_only = dict(GAP)
+    step_level = {"grpo_loss": 0.5, "grpo_weight_sum": 1, "grpo_kl_beta": 0.04}
+    got = reduce_metrics("grpo", [[gap_only, gap_only, step_level]])
+    assert got["train/logprob_gap_token_count"] == 1600 and got["train/kl_beta"] == 0.04
+    # ... but a chunk with completion tokens and no record is a partial batch
+    raises("grpo", [[gap_only, {"grpo_valid_token_count": 10, "grpo_clip_frac": 0.5}]], "1 of the 2 chunks",
+           "'grpo_valid_token_count'")
+
+
+def test_a_step_that_breaks_while_read_is_recorded_not_raised_raw() -> None:
+    import torch
+
+    class BadIndex:
+        def __index__(self) -> int:
+            raise ValueError("boom")
+
+    for step in (torch.empty((), dtype=torch.long, device="meta"), BadIndex()):
+        reducer = MetricReducer("grpo")
+        reducer.add({"grpo_kl_max": 1.0})
+        with pytest.raises(MetricsError, match="step could not be read"):
+            reducer.reduce(step)
+        reducer.add({"grpo_kl_max": 0.5})
+        assert reducer.reduce(2).metrics == {"train/kl_max": 0.5}
+
+
+def test_local_must_be_a_bool_and_never_runs_a_collective(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(MetricsError, match="local must be True or False, got str 'false'"):
+        build_callback({"adapters": ["trainer"], "sinks": [{"type": "memory"}], "local": "false"})
+
+
+def test_lightning_chunk_with_non_string_keys_is_recorded_not_raised() -> None:
+    from posttrain_metrics.callbacks.lightning import OUTPUT_KEY, LightningMetricsCallback
+
+    callback = LightningMetricsCallback(adapters=["grpo"], sinks=[{"type": "memory"}])
+    refused = callback._chunk({"loss": 0.0, OUTPUT_KEY: {0: 1.0}}, "training_step")
+    callback.metrics.on_chunk_end(refused)  # type: ignore[arg-type]
+    with pytest.raises(MetricsError, match="dict of source names"):
+        callback.metrics.on_window_end(1)
+    callback.metrics.on_run_end()
+
+
+def test_the_driver_names_the_workers_that_disagree_on_an_exact_counter() -> None:
+    from posttrain_metrics.core.portable import WorkerMetrics, merge_exported
+
+    states = []
+    for worker, value in (("actor-0", 5), ("actor-1", 6), ("actor-2", 5)):
+        w = WorkerMetrics("trainer", worker_id=worker)
+        w.add({"optimizer_step": value})
+        states.append(w.export(3))
+    with pytest.raises(MetricsError, match=r"5\.0 from workers \['actor-0', 'actor-2'\], 6\.0 from workers \['actor-1'\]"):
+        merge_exported("trainer", states)

@@ -88,7 +88,7 @@ class LightningMetricsCallback(Callback):  # type: ignore[misc]
         if not isinstance(outputs, Mapping) or self.output_key not in outputs:
             return None  # a bare loss, or a step that returned nothing: this batch adds no chunk
         chunk = outputs[self.output_key]
-        if not isinstance(chunk, Mapping):
+        if not isinstance(chunk, Mapping) or not all(isinstance(name, str) for name in chunk):
             # Recorded, not raised here: this rank still joins the window's collective, and every
             # rank raises it there (raising on one rank alone would leave the others waiting).
             return RefusedChunk(

@@ -39,6 +39,7 @@ from ..core.errors import MetricsError
 from ..core.frame import Frame
 from ..core.layout import RefusedChunk
 from ..core.reducer import AdapterSpec
+from ..core.reduction import Reduction
 from ..core.values import Scalar
 from ..integrations.base import Sink
 from ..integrations.factory import plain
@@ -364,8 +365,11 @@ class PosttrainMetricsCallback(TrainerCallback, MetricsCallback):  # type: ignor
             if info is None:  # no adapter of this run publishes it
                 return None
             adapter = adapters[info.adapter]
-            weight = adapter.source_of_leaf(info.metric.weight) if info.metric.weight else None
-            return _Route(adapter.source_of_leaf(info.metric.leaf), key, weight, info.weight_key)
+            # a weighted mean needs its weight beside it; a counted extremum reported without its count
+            # is taken as it is, so it needs no unit count (which would corrupt a recorded one)
+            needs = info.metric.weight is not None and info.reduction not in (Reduction.MAX, Reduction.MIN)
+            weight = adapter.source_of_leaf(info.metric.weight) if needs and info.metric.weight else None
+            return _Route(adapter.source_of_leaf(info.metric.leaf), key, weight, info.weight_key if needs else None)
 
         holds = conditions(args, state)
         mapped = {(m.phase, m.logged): r for m in TRL_GRPO_MAPPING if m.when in holds and (r := route(m.key))}

@@ -80,6 +80,7 @@ class MetricAdapter:
         internal_prefix: str = "",
         phases: Iterable[str] = ("train",),
         ignored: Iterable[str] = (),
+        family_scopes: Mapping[str, str] | None = None,
     ) -> None:
         self.name = name
         self.internal_prefix = internal_prefix
@@ -97,6 +98,16 @@ class MetricAdapter:
             self._declare(metric)
         for source, metric in self.metrics.items():
             self._check_references(source, metric)
+        self.family_scopes = dict(family_scopes or {})
+        """Family name to the leaf whose presence makes a chunk part of the family's batch (the
+        logprob gap: chunks with completion tokens). Without one, any chunk carrying this adapter's
+        keys is."""
+        for family, leaf in self.family_scopes.items():
+            if family not in self.families or leaf not in self._by_leaf:
+                raise MetricsError(
+                    f"adapter {name!r}: family_scopes {family!r}: {leaf!r} must map a declared family to a "
+                    f"declared leaf (families: {sorted(self.families)})"
+                )
         clash = self.ignored & self.metrics.keys()
         if clash:
             raise MetricsError(

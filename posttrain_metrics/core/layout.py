@@ -43,7 +43,7 @@ _SLOTS: dict[Reduction, tuple[tuple[str, ...], tuple[str, ...]]] = {
     Reduction.CATEGORICAL: ((), ()),  # one-hot slots, one per label, follow presence
 }
 
-LAYOUT_VERSION = 2
+LAYOUT_VERSION = 3
 """Part of every layout's fingerprint: bumped whenever the slots or their meaning change, so ranks
 (or workers) running different versions of this module refuse to merge instead of mixing slots."""
 
@@ -99,6 +99,20 @@ class _Key:
         return f"{self.metric.namespace or phase}/{self.metric.leaf}"
 
 
+@dataclasses.dataclass(frozen=True)
+class _Family:
+    adapter: str
+    sources: tuple[str, ...]
+    scope: frozenset[str]  # a chunk carrying any of these (or the family) is part of the batch
+    carried: int  # SUM slot: chunks that carried the family
+    batch: int  # SUM slot: chunks of the family's batch
+
+    def describe_scope(self) -> str:
+        if len(self.scope) == 1:
+            return f"the chunks that carried {next(iter(self.scope))!r}"
+        return f"the chunks that carried {self.adapter!r} keys"
+
+
 @dataclasses.dataclass
 class PackedState:
     """The two buffers of one rank's window (or of several ranks merged)."""
@@ -132,17 +146,25 @@ class Layout:
         self.keys: dict[str, _Key] = {}
         self.ignored: frozenset[str] = frozenset().union(*(a.ignored for a in self.adapters))
         self.families = [
-            (adapter_index, tuple(sorted(sources)))
-            for adapter_index, adapter in enumerate(self.adapters)
-            for sources in adapter.families.values()
+            _Family(
+                adapter=adapter.name,
+                sources=tuple(sorted(sources)),
+                scope=(frozenset({adapter.source_of_leaf(adapter.family_scopes[name])})
+                       if name in adapter.family_scopes else frozenset(adapter.metrics)),
+                carried=2 + 2 * i,
+                batch=3 + 2 * i,
+            )
+            for i, (adapter, name, sources) in enumerate(
+                (adapter, name, sources)
+                for adapter in self.adapters
+                for name, sources in adapter.families.items()
+            )
         ]
-        self.adapter_slot = {a.name: 2 + i for i, a in enumerate(self.adapters)}
-        """SUM slot counting the chunks that carried any key of the adapter, by adapter name."""
-        self.family_slot = [2 + len(self.adapters) + i for i in range(len(self.families))]
-        """SUM slot counting the chunks that carried the family, by index into ``families``."""
+        """All-or-nothing families, each with two SUM slots: the chunks that carried it, and the
+        chunks of its batch (those carrying its scope key, or any of its adapter's keys, or it)."""
         owner: dict[str, str] = {}
         published: dict[tuple[str | None, str], str] = {}
-        s, m = 2 + len(self.adapters) + len(self.families), 5
+        s, m = 2 + 2 * len(self.families), 5
         for adapter in self.adapters:
             counts = adapter.counts
             for source, metric in adapter.metrics.items():
@@ -183,7 +205,9 @@ class Layout:
              k.metric.labels, k.metric.namespace, k.metric.family)
             for k in self.keys.values()
         ]
-        digest = hashlib.sha256(repr((LAYOUT_VERSION, spec)).encode()).hexdigest()
+        scopes = [(f.sources, sorted(f.scope)) for f in self.families]
+        self._derived = [k for k in self.keys.values() if k.second_moment is not None]
+        digest = hashlib.sha256(repr((LAYOUT_VERSION, spec, scopes)).encode()).hexdigest()
         self.fingerprint = float(int(digest[:13], 16))  # 52 bits: exact in float64
 
     # -- one rank ------------------------------------------------------------------------------
@@ -257,13 +281,15 @@ class Layout:
                         f"{self._where(key, c)} got a {type(raw).__name__} that cannot be read "
                         f"({type(exc).__name__}: {str(exc)[:200]}); fix: pass a plain number",
                     )
-            for family_index, (_adapter_index, family) in enumerate(self.families):
-                present = [s for s in family if s in chunk]
+            for fam in self.families:
+                present = [s for s in fam.sources if s in chunk]
+                if present or not fam.scope.isdisjoint(chunk.keys()):
+                    S[fam.batch] += 1.0
                 if not present:
                     continue
-                S[self.family_slot[family_index]] += 1.0
-                if len(present) != len(family):
-                    missing = sorted(set(family) - set(present))
+                S[fam.carried] += 1.0
+                if len(present) != len(fam.sources):
+                    missing = sorted(set(fam.sources) - set(present))
                     fail(
                         Code.PARTIAL_FAMILY, self.keys[present[0]],
                         f"chunk {c} carries {sorted(present)} without {missing}; these keys are "
@@ -276,13 +302,15 @@ class Layout:
                     self._add(key, value, values, chunk, S, M, last)
                 except _Reject as exc:
                     fail(exc.code, key, f"{self._where(key, c)} {exc.message}")
-            carried = set()
+            for key in self._derived:  # a chunk with both moments and no std: its std is theirs
+                if key.source not in chunk and key.mean in values and key.second_moment in values:
+                    try:
+                        self._add(key, 0.0, values, chunk, S, M, last)
+                        S[key.s] = 1.0
+                    except _Reject as exc:
+                        fail(exc.code, key, f"{self._where(key, c)} {exc.message}")
             for source in chunk.keys() & self.keys.keys():
-                key = self.keys[source]
-                S[key.s] = 1.0  # presence: ranks that reported the key
-                carried.add(self.adapter_slot[key.adapter.name])
-            for slot in carried:
-                S[slot] += 1.0  # chunks that carried the adapter's keys
+                S[self.keys[source].s] = 1.0  # presence: ranks that reported the key
         for source, value in last.items():
             key = self.keys[source]
             if key.reduction is Reduction.CATEGORICAL:
@@ -348,7 +376,7 @@ class Layout:
         elif r is Reduction.LAST or r is Reduction.AGREED:
             last[key.source] = value
         elif r is Reduction.POOLED_STD:
-            if not v >= 0.0:
+            if v < 0.0:  # a NaN std is a value (one sample's torch.std()); it drops out with a zero count
                 raise _Reject(Code.BAD_VALUE, f"got the standard deviation {value!r} < 0; fix the producer")
             n = self._partner(key, key.weight, values, chunk, "count") if key.weight else 1.0
             mean = self._partner(key, key.mean, values, chunk, "mean", weight=False)
@@ -424,16 +452,15 @@ class Layout:
             )
         if M[self.PHASE] != -M[self.NEG_PHASE]:
             raise MetricsError("ranks reduced different phases; fix: pass the same phase on every rank")
-        for family_index, (adapter_index, family) in enumerate(self.families):
-            adapter = self.adapters[adapter_index].name
-            carried, chunks = S[self.family_slot[family_index]], S[self.adapter_slot[adapter]]
+        for fam in self.families:
+            carried, chunks = S[fam.carried], S[fam.batch]
             if carried and carried != chunks:
                 raise MetricsError(
-                    f"the all-or-nothing family {list(family)} of adapter {adapter!r} was carried by "
-                    f"{int(carried)} of the {int(chunks)} chunks (over every rank) that carried "
-                    f"{adapter!r} keys in this window; presence is all-or-nothing per batch, so a "
-                    "partial record is a producer bug; fix: emit the family in every chunk (zero "
-                    "weight when there is no data), or in none"
+                    f"the all-or-nothing family {list(fam.sources)} of adapter {fam.adapter!r} was "
+                    f"carried by {int(carried)} of the {int(chunks)} chunks (over every rank) of this "
+                    f"window's batch ({fam.describe_scope()}); presence is all-or-nothing per batch, so "
+                    "a partial record is a producer bug; fix: emit the family in every such chunk "
+                    "(zero weight when there is no data), or in none"
                 )
         out: dict[str, Scalar] = {}
         for key in self.keys.values():
@@ -444,12 +471,12 @@ class Layout:
                     f"adapter {key.adapter.name!r} publishes phases {sorted(key.adapter.phases)}, "
                     f"not {phase!r} (key {key.source!r}); fix: reduce it under one of those phases"
                 )
-            value = self._value(key, S, M)
+            value = self._value(key, S, M, phase)
             if value is not None:
                 out[key.public(phase)] = value
         return out
 
-    def _value(self, key: _Key, S: list[float], M: list[float]) -> Scalar | None:
+    def _value(self, key: _Key, S: list[float], M: list[float], phase: str) -> Scalar | None:
         r, s, m = key.reduction, key.s + 1, key.m
         if r is Reduction.WEIGHTED_MEAN:
             return S[s] / S[s + 1] if S[s + 1] > 0.0 else 0.0
@@ -470,7 +497,7 @@ class Layout:
             if r is Reduction.AGREED and not agree:
                 low = "nan" if nan_ranks else _text(-M[m + 1])
                 raise MetricsError(
-                    f"ranks disagree on {key.public('train')!r} (source {key.source!r}), a counter or "
+                    f"ranks disagree on {key.public(phase)!r} (source {key.source!r}), a counter or "
                     f"flag that every data-parallel rank holds identically by construction: values "
                     f"from {low} to {_text(M[m])} over {int(ranks)} ranks. The ranks are "
                     "desynchronised (one skipped or repeated an update, or restored another "
@@ -479,7 +506,7 @@ class Layout:
             if nan_ranks > 0.0:
                 return math.nan
             if M[m] == -M[m + 1]:
-                return _typed(M[m], M[m + 2])
+                return _typed(M[m] + 0.0, M[m + 2])  # -0.0 and 0.0 tie: report 0.0, as extrema do
             return S[s] / ranks
         if r is Reduction.POOLED_STD:
             n = S[s]

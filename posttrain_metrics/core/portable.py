@@ -180,7 +180,7 @@ class DriverReducer:
         # The SUM slots that one worker's accumulate sets to exactly 0 or 1, the chunk counters
         # (whole numbers), and the label ranges.
         self._flags = [L.ACTIVE, L.ERROR_RANKS]
-        self._counters = [*L.adapter_slot.values(), *L.family_slot]
+        self._counters = [slot for fam in L.families for slot in (fam.carried, fam.batch)]
         self._labels: list[tuple[str, int, range]] = []
         for key in L.keys.values():
             self._flags.append(key.s)
@@ -212,6 +212,7 @@ class DriverReducer:
         self._raise_worst(decoded)  # producer bugs first, as the collectives report them
         self._check_window(decoded, step, phase)
         self._check_families(decoded)
+        self._check_agreed(decoded)
         self._check_labels(decoded)
         merged = functools.reduce(merge, [d.state for d in decoded])
         first = decoded[0]
@@ -358,6 +359,8 @@ class DriverReducer:
             problems.append("a presence or label flag that is not 0 or 1")
         if any(not (S[i] >= 0.0 and S[i].is_integer() and S[i] <= MAX_EXACT_INT) for i in self._counters):
             problems.append("a chunk counter that is not a whole number")
+        if any(S[fam.carried] > S[fam.batch] for fam in L.families):
+            problems.append("a family carried by more chunks than its batch holds")
         for source, presence, labels in self._labels:
             if sum(S[i] for i in labels) > S[presence]:
                 problems.append(f"more than one label for {source!r}")
@@ -414,20 +417,36 @@ class DriverReducer:
         raise MetricsError(f"worker {decoded[i].worker!r} (state {i + 1} of {len(decoded)}): {message}{others}")
 
     def _check_families(self, decoded: list[_Decoded]) -> None:
-        # Presence is all-or-nothing per batch: every chunk of every worker that carried the
-        # adapter's keys carries the family, or none does. Name the workers on each side.
-        L = self.layout
-        for family_index, (adapter_index, family) in enumerate(L.families):
-            adapter = L.adapters[adapter_index].name
-            carried, chunks = L.family_slot[family_index], L.adapter_slot[adapter]
-            full = [d.worker for d in decoded if d.state.sum[carried] > 0.0]
-            short = [d.worker for d in decoded if d.state.sum[carried] < d.state.sum[chunks]]
+        # Presence is all-or-nothing per batch: every chunk of every worker in the family's batch
+        # carries the family, or none does. Name the workers on each side.
+        for fam in self.layout.families:
+            full = [d.worker for d in decoded if d.state.sum[fam.carried] > 0.0]
+            short = [d.worker for d in decoded if d.state.sum[fam.carried] < d.state.sum[fam.batch]]
             if full and short:
                 raise MetricsError(
-                    f"the all-or-nothing family {list(family)} of adapter {adapter!r} was carried by "
-                    f"chunks of workers {full}, but workers {short} sent {adapter!r} chunks without "
-                    "it; presence is all-or-nothing per batch, so a partial record is a producer bug. "
-                    "Fix: emit the family in every chunk (zero weight when there is no data), or in none"
+                    f"the all-or-nothing family {list(fam.sources)} of adapter {fam.adapter!r} was carried "
+                    f"by chunks of workers {full}, but workers {short} sent chunks of its batch "
+                    f"({fam.describe_scope()}) without it; presence is all-or-nothing per batch, so a "
+                    "partial record is a producer bug. Fix: emit the family in every such chunk (zero "
+                    "weight when there is no data), or in none"
+                )
+
+    def _check_agreed(self, decoded: list[_Decoded]) -> None:
+        # Exact counters and flags: every worker that reported one must hold the same last value.
+        for key in self.layout.keys.values():
+            if key.reduction is not Reduction.AGREED:
+                continue
+            by_value: dict[str, list[str]] = {}
+            for d in decoded:
+                if d.state.sum[key.s] == 0.0:
+                    continue  # not reported by this worker
+                value = "nan" if d.state.sum[key.s + 2] else repr(d.state.max[key.m] + 0.0)
+                by_value.setdefault(value, []).append(d.worker)
+            if len(by_value) > 1:
+                detail = ", ".join(f"{value} from workers {workers}" for value, workers in by_value.items())
+                raise MetricsError(
+                    f"workers disagree on {key.source!r} (-> {key.metric.leaf!r}), a counter or flag every "
+                    f"worker holds identically by construction: {detail}; the workers are desynchronised"
                 )
 
     def _check_labels(self, decoded: list[_Decoded]) -> None:

@@ -56,8 +56,12 @@ def _check_step(step: object) -> int:
     except TypeError:
         value = None
     if value is None or abs(value) > MAX_EXACT_INT:
+        try:
+            shown = f"{step!r:.60}"
+        except Exception:  # a step whose repr breaks is still named by its type
+            shown = "(unprintable)"
         raise MetricsError(
-            f"step must be an integer within +/-2**53, got {type(step).__name__} {step!r:.60}; fix: pass "
+            f"step must be an integer within +/-2**53, got {type(step).__name__} {shown}; fix: pass "
             "the optimizer step as an int"
         )
     return value
@@ -90,13 +94,17 @@ def _window_state(
     or anything else that breaks while the window is read is recorded in the state, so this rank
     still joins the step's collectives and every rank raises it together."""
     problems: list[tuple[int, str]] = []
+    step_value: int | None = None
     try:
-        step_value: int | None = _check_step(step)
+        step_value = _check_step(step)
     except MetricsError as exc:
-        step_value = None
         problems.append((Code.BAD_WINDOW, str(exc)))
+    except Exception as exc:  # a step object that breaks while being read (a meta tensor ...)
+        problems.append((Code.BAD_WINDOW, f"the step could not be read as an int ({type(exc).__name__}: "
+                                          f"{str(exc)[:200]}); fix: pass the optimizer step as an int"))
     if not isinstance(phase, str) or phase not in PHASES:
-        problems.append((Code.BAD_WINDOW, f"phase {phase!r:.40} is not one of {sorted(PHASES)}"))
+        shown = repr(phase)[:40] if isinstance(phase, str) else type(phase).__name__
+        problems.append((Code.BAD_WINDOW, f"phase {shown} is not one of {sorted(PHASES)}"))
     try:
         state = layout.accumulate(materialize(chunks), rank=rank, step=step_value, phase=phase)
     except Exception as exc:
@@ -152,7 +160,7 @@ class MetricReducer:
     time, whatever the number of keys. Without torch.distributed it is local; under a launcher
     that started several processes (``WORLD_SIZE`` > 1) without a process group it refuses, since
     each rank would publish its own figures as if global, unless ``local=True`` says the local
-    reduction is deliberate. A producer bug on any rank (a bad value, a bad step, a tensor that
+    reduction is deliberate (``local=True`` never runs a collective, process group or not). A producer bug on any rank (a bad value, a bad step, a tensor that
     cannot be read) raises :class:`MetricsError` on every rank after the collectives; the window
     is discarded everywhere and the next one reduces normally.
 
@@ -167,7 +175,12 @@ class MetricReducer:
         self.adapters = resolve_adapters(adapters)
         self.layout = _layout(self.adapters)
         self.group = group
-        self.local = bool(local)
+        if not isinstance(local, bool):
+            raise MetricsError(
+                f"local must be True or False, got {type(local).__name__} {local!r:.40}; fix: pass a bool "
+                "(a YAML `local: false`, not the string 'false')"
+            )
+        self.local = local
         self._chunks: list[Any] = []
         self._verified = False
 
@@ -203,7 +216,7 @@ class MetricReducer:
         Whatever happens, the window's chunks are gone afterwards: a window that raises is
         discarded on every rank, and the next one starts clean."""
         chunks, self._chunks = self._chunks, []
-        where = distributed.group_rank_and_size(self.group)
+        where = None if self.local else distributed.group_rank_and_size(self.group)
         if where is None and not self.local:
             distributed.refuse_launcher_without_group()
         rank, size = where or (0, 1)

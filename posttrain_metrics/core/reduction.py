@@ -11,9 +11,9 @@ class Reduction(enum.Enum):
     """The closed set of aggregation rules. Each member's docstring is its specification.
 
     Chunks are the gradient-accumulation micro-batches of one optimizer window on one rank; ranks are
-    the data-parallel processes. Every rule except ``LAST`` and ``CATEGORICAL`` is invariant to how
-    the contributions are partitioned into chunks and ranks (nor are the family and agreement
-    checks: an all-or-nothing family is judged over every chunk of every rank).
+    the data-parallel processes. Every rule except ``LAST``, ``AGREED`` and ``CATEGORICAL`` (which
+    read each rank's last chunk) is invariant to how the contributions are partitioned into chunks
+    and ranks, and so is the all-or-nothing family check (judged over every chunk of every rank).
     """
 
     WEIGHTED_MEAN = "weighted_mean"
@@ -58,7 +58,8 @@ class Reduction(enum.Enum):
     declares a second moment too (``second_moment=``, NFT's optimality weights), each contribution
     that reports it has ``s^2 + m^2`` equal to that second moment, so the published std always agrees
     with the published moments: ``std^2 = E[x^2] - E[x]^2`` over the same contributions, whatever
-    std convention the producer used (its std is then checked, not used)."""
+    std convention the producer used (its reported std is then not used, only refused if negative;
+    a chunk that reports both moments and no std contributes them all the same)."""
 
     CATEGORICAL = "categorical"
     """A label from a declared set (an update's outcome): the last chunk's label on each rank; ranks

@@ -23,6 +23,10 @@ GRPO = MetricAdapter(
     "grpo",
     internal_prefix="grpo_",
     phases=("train",),
+    # The gap is measured over loss-masked completion tokens: every chunk with completion tokens
+    # carries the record, or none does. A chunk of step-level values (a logged loss, the kl_beta
+    # echo) holds no trajectory and so no record.
+    family_scopes={"logprob_gap": TOK},
     metrics=[
         loss_avg("grpo_", R.WEIGHTED_MEAN, weight="weight_sum"),
         weight_sum,
