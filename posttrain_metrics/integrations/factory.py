@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import MetricsError
-from ..core.redact import redact, redact_text
+from ..core.redact import redact_text, redact_tree
 from .base import Sink
 
 __all__ = ["SINK_TYPES", "build_sink", "inside", "plain", "safe_name"]
@@ -68,7 +68,8 @@ def inside(base: Path, relative: str | os.PathLike[str], *, what: str) -> Path:
 
 def _shown(options: Mapping[str, Any]) -> dict[str, Any]:
     """Options as an error message may show them: secrets redacted."""
-    return {k: redact(k, v) if isinstance(v, (str, int, float, bool)) else v for k, v in options.items()}
+    shown: dict[str, Any] = redact_tree(dict(options))
+    return shown
 
 
 def build_sink(spec: Mapping[str, Any] | Sink, *, out_dir: str | os.PathLike[str] | None = None) -> Sink:
