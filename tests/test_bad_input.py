@@ -564,6 +564,15 @@ def test_every_row_of_the_bad_input_table_names_a_test_that_exists() -> None:
                  "negative, NaN or infinite weight", "unknown key", "label outside", "backwards", "repeat",
                  "long key names", "names a backend rejects", "empty window", "only some ranks"):
         assert case in inputs, f"no row for {case!r}"  # every case issue 6 lists
+    for case in ("credential", "command line", "error or a warning", "hostile config string", "control characters",
+                 "relative MLflow", "wrong type", "not UTF-8", "could not reproduce faithfully", "dead server",
+                 "file-store", "unknown URI scheme", "command-line arguments"):
+        assert case in inputs, f"no row for {case!r}"  # every case issues 14 and 12 (item 12) list
+    # The README links the table rather than copying it, so there is one table to keep true.
+    readme = (root.parent / "README.md").read_text()
+    section = readme.split("## Bad input", 1)[1].split("\n## ", 1)[0]
+    assert "(docs/bad-input.md)" in section
+    assert not [line for line in section.splitlines() if line.startswith("|")], "the README copies the table"
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split(" | ")]
         assert len(cells) == 3, row
