@@ -1052,3 +1052,28 @@ def test_bad_command_line_arguments_are_a_clear_error_with_exit_2(
         status = int(exit_.code or 0)
     err = capsys.readouterr().err
     assert status == 2 and said in err and "Traceback" not in err, (status, err)
+
+
+def test_a_hostile_journal_header_costs_export_linear_time(tmp_path: Path) -> None:
+    import json
+
+    from posttrain_metrics.export import export
+
+    def exported(size: int, name: str) -> float:
+        folder = tmp_path / name
+        folder.mkdir()
+        header = {"format": "posttrain-metrics-journal", "version": 1, "kind": "header", "run_id": f"hdr{size}",
+                  "name": "hostile", "created": 1.7e9, "adapters": ["grpo"],
+                  "config": {"note": "a." * (size // 2), "cmd": "x://" * (size // 4)}}  # quadratic before
+        frame = {"kind": "frame", "run_id": f"hdr{size}", "step": 1, "phase": "train", "time": 1.7e9,
+                 "metrics": {"train/kl_max": 0.5}}
+        (folder / "journal.jsonl").write_text(json.dumps(header) + "\n" + json.dumps(frame) + "\n")
+        journal = read_journal(folder / "journal.jsonl")
+        started = time.process_time()
+        assert export(journal, "tensorboard", str(folder / "tb"), quiet=True) == 0
+        return time.process_time() - started
+
+    exported(100, "warm")  # imports and first-use costs out of the comparison
+    small, large = exported(20_000, "small"), exported(200_000, "large")
+    assert large / max(small, 1e-3) < 30, (small, large)  # 10x the header: about 10x at most, not 100x
+    print(f"[figure] export of a journal with a 200 KB hostile header: {large:.2f} s CPU ({small:.2f} s for 20 KB)")
