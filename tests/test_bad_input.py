@@ -863,7 +863,7 @@ def test_a_relative_mlflow_uri_resolves_under_out_dir_and_an_absolute_one_is_kep
 
 
 @pytest.mark.parametrize(("kwargs", "needles"), [
-    ({"sinks": [{"type": ["journal"]}]}, ["type=['journal']", "fix"]),
+    ({"sinks": [{"type": ["journal"]}]}, ["type ['journal']", "field 'type'", "fix"]),
     ({"sinks": [{"type": "journal", "path": 5}]}, ["path=5", "int", "fix"]),
     ({"sinks": [{"type": "journal", "path": ""}]}, ["path=''", "empty", "fix"]),
     ({"sinks": [{"type": "journal", "path": "."}]}, ["path='.'", "folder", "fix"]),

@@ -206,7 +206,7 @@ def build_sink(spec: Mapping[str, Any] | Sink, *, out_dir: str | os.PathLike[str
     kind = options.pop("type", None)
     if not isinstance(kind, str) or kind not in SINK_TYPES:
         raise MetricsError(
-            f"sink type={kind!r:.80} is not a sink type (options {_shown(options)}); fix: type is one of "
+            f"unknown sink type {kind!r:.80} (field 'type', options {_shown(options)}); fix: type is one of "
             f"{sorted(SINK_TYPES)}"
         )
     module_name, class_name, path_option, default = SINK_TYPES[kind]
