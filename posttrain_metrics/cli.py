@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import traceback
 import warnings
 from collections.abc import Sequence
 
 from .core.catalog import adapter_names, get_adapter
 from .core.errors import MetricsError
+from .core.printable import printable
+from .core.redact import redact_text
 from .core.reduction import Reduction
 from .integrations.journal import Journal, read_journal
 
@@ -114,6 +117,23 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return int(run_demo(args))
 
 
+def _at_least_one(text: str) -> int:
+    """An argparse type: a whole number >= 1 (argparse turns the error into exit status 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; fix: pass 1 or more") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is less than 1; fix: pass 1 or more")
+    return value
+
+
+def _error(command: str, text: str) -> int:
+    """Print one error on stderr, secrets redacted and control characters escaped; exit status 2."""
+    print(f"posttrain-metrics {command}: error: {printable(redact_text(text))}", file=sys.stderr)
+    return 2
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="posttrain-metrics",
@@ -126,8 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="a real small GRPO run on the CPU, published to every sink")
     demo.add_argument("--out", default=None, help="output folder (default: a new folder under ./runs/)")
-    demo.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the demo's own)")
-    demo.add_argument("--ranks", type=int, default=2, help="data-parallel ranks over gloo (default 2)")
+    demo.add_argument("--steps", type=_at_least_one, default=None, help="optimizer steps (default: the demo's own)")
+    demo.add_argument("--ranks", type=_at_least_one, default=2, help="data-parallel ranks over gloo (default 2)")
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--mlflow-uri", default=None, help="an MLflow tracking URI instead of the SQLite file")
     for sink in ("wandb", "mlflow", "tensorboard", "console"):
@@ -164,18 +184,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--import", dest="imports", action="append", default=[])
     for module in pre.parse_known_args(argv)[0].imports:  # before the parser lists adapter choices
-        importlib.import_module(module)
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            return _error("--import", f"cannot import module {module!r} ({type(exc).__name__}: {exc}); fix: "
+                          "pass an importable module name (on sys.path, e.g. installed or in the current folder)")
+        except Exception as exc:  # the module itself raised: show where, redacted
+            return _error("--import", f"importing module {module!r} raised {type(exc).__name__}: {exc}")
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
     except MetricsError as exc:
-        print(f"posttrain-metrics {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        return _error(args.command, str(exc))
     except BrokenPipeError:  # `posttrain-metrics doctor run.jsonl | head`
         sys.stderr.close()
         return 0
     except KeyboardInterrupt:
         return 130
+    except Exception:  # a bug or a library's own error: the traceback, with secrets redacted
+        text = printable(redact_text(traceback.format_exc())).replace("\\n", "\n")
+        print(f"posttrain-metrics {args.command}: unexpected error:\n{text}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -16,10 +16,12 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import TypeVar
 
 from .core.errors import MetricsError
 from .core.frame import Frame
 from .core.keys import KeyInfo
+from .core.redact import redact_text
 from .integrations.base import Sink
 from .integrations.journal import Journal
 from .integrations.publisher import Publisher, display_frame, nonfinite_kind
@@ -27,6 +29,7 @@ from .integrations.publisher import Publisher, display_frame, nonfinite_kind
 __all__ = ["export", "pending_frames"]
 
 Points = collections.Counter[tuple[str, int]]
+_T = TypeVar("_T")
 
 
 def _probe(frame: Frame, stores: frozenset[str]) -> str | None:
@@ -124,6 +127,51 @@ def _wandb_points(directory: Path, run_id: str) -> Points:
 
 # -- the command ------------------------------------------------------------------------------------
 
+_MLFLOW_SCHEMES = ("http", "https", "sqlite", "postgresql", "mysql", "mssql", "databricks")
+
+
+def _check_mlflow_uri(uri: str) -> None:
+    """An MLflow target export can replay into: a tracking server or a database store. A file
+    store (a plain path or ``file:``) cannot be read back to resume an export, and anything else
+    is a typo; both are one clear error, before any network or disk access. An ``http(s)`` server
+    gets the same bounded retries as the live sink (MLflow's own default retries for minutes)."""
+    shown = redact_text(uri)
+    scheme = uri.split("://", 1)[0].split("+", 1)[0].lower() if "://" in uri else ""
+    if uri == "databricks" or uri.startswith("databricks://"):
+        return
+    if not scheme or scheme == "file":
+        raise MetricsError(
+            f"--to mlflow {shown!r} is an MLflow file store (a folder), which export cannot read back; fix: "
+            "a database, --to mlflow sqlite:///path/to/mlflow.db, or a server, --to mlflow http://host:5000"
+        )
+    if scheme not in _MLFLOW_SCHEMES:
+        raise MetricsError(
+            f"--to mlflow {shown!r}: unknown tracking URI scheme {scheme!r}; fix: use one of "
+            f"{', '.join(s + '://' for s in _MLFLOW_SCHEMES)} (e.g. http://127.0.0.1:5000 or sqlite:///mlflow.db)"
+        )
+    if scheme in ("http", "https"):
+        import os
+
+        from .integrations.mlflow import HTTP_BACKOFF_FACTOR, HTTP_MAX_RETRIES, HTTP_TIMEOUT
+
+        for var, default in (HTTP_MAX_RETRIES, HTTP_TIMEOUT, HTTP_BACKOFF_FACTOR):
+            os.environ.setdefault(var, str(default))  # the live sink's bound; the user's own setting wins
+
+
+def _ask(where: str, question: Callable[[], _T]) -> _T:
+    """A query to the target, its failure (a dead server, a refused login) one clear error."""
+    try:
+        return question()
+    except MetricsError:
+        raise
+    except Exception as exc:
+        detail = redact_text(str(exc)).strip().splitlines()
+        raise MetricsError(
+            f"export: {redact_text(where)} did not answer ({type(exc).__name__}: {detail[0][:300] if detail else ''}); "
+            "fix: start the tracker or correct the target, then run export again (nothing was written)"
+        ) from None
+
+
 
 def _target(journal: Journal, to: str, target: str | None) -> tuple[Sink, str, Callable[[], Points]]:
     home = journal.path.parent
@@ -138,11 +186,12 @@ def _target(journal: Journal, to: str, target: str | None) -> tuple[Sink, str, C
         from .integrations.mlflow import MlflowSink
 
         uri = target or f"sqlite:///{(home / 'mlflow.db').resolve()}"
+        _check_mlflow_uri(uri)
         experiment = journal.config.get("mlflow/experiment")
         # A replay outruns MLflow: the sink may hold every frame (its live-run backlog would drop the
         # oldest) and close waits for all of them to be confirmed.
         mlflow_sink = MlflowSink(tracking_uri=uri, dir=home, experiment=str(experiment) if experiment else None,
-                                 run_id=_mlflow_run(uri, journal.run_id),  # the run a live sink made, if any
+                                 run_id=_ask(uri, lambda: _mlflow_run(uri, journal.run_id)),  # a live sink's run
                                  backlog=len(journal.frames) + 1, drain_timeout=24 * 3600.0)
         return mlflow_sink, uri, lambda: _mlflow_points(uri, journal.run_id, keys)
     if to == "wandb":
@@ -158,10 +207,11 @@ def _target(journal: Journal, to: str, target: str | None) -> tuple[Sink, str, C
 def export(journal: Journal, to: str, target: str | None = None, *, quiet: bool = False) -> int:
     """Replay ``journal`` into ``to`` (``tensorboard``, ``mlflow`` or ``wandb``); 0 on success."""
     sink, where, existing = _target(journal, to, target)
+    where = redact_text(where)
     # synchronous: a replay outruns any tracker, and a background queue would drop frames
     pub = Publisher([sink], adapters=journal.adapters, run_name=str(journal.header.get("name") or "") or None,
                     run_id=journal.run_id, background=False)
-    todo = pending_frames(journal.frames, existing(), keys=pub.keys, stores=sink.stores_nonfinite)
+    todo = pending_frames(journal.frames, _ask(where, existing), keys=pub.keys, stores=sink.stores_nonfinite)
     total = len(journal.frames)
     if not todo:
         print(f"nothing to export: all {total} frames of run {journal.run_id} are already in {where}")

@@ -12,13 +12,16 @@ runs two gloo processes where rank 1 skips ``reduce``.
 from __future__ import annotations
 
 import datetime
+import io
 import math
+import os
 import queue as queue_module
 import random
 import sys
 import time
 import traceback
 import types
+import uuid
 import warnings
 from collections.abc import Callable, Mapping
 from fractions import Fraction
@@ -562,6 +565,15 @@ def test_every_row_of_the_bad_input_table_names_a_test_that_exists() -> None:
                  "negative, NaN or infinite weight", "unknown key", "label outside", "backwards", "repeat",
                  "long key names", "names a backend rejects", "empty window", "only some ranks"):
         assert case in inputs, f"no row for {case!r}"  # every case issue 6 lists
+    for case in ("credential", "command line", "error or a warning", "hostile config string", "control characters",
+                 "relative MLflow", "wrong type", "not UTF-8", "could not reproduce faithfully", "dead server",
+                 "file-store", "unknown URI scheme", "command-line arguments"):
+        assert case in inputs, f"no row for {case!r}"  # every case issues 14 and 12 (item 12) list
+    # The README links the table rather than copying it, so there is one table to keep true.
+    readme = (root.parent / "README.md").read_text()
+    section = readme.split("## Bad input", 1)[1].split("\n## ", 1)[0]
+    assert "(docs/bad-input.md)" in section
+    assert not [line for line in section.splitlines() if line.startswith("|")], "the README copies the table"
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split(" | ")]
         assert len(cells) == 3, row
@@ -583,3 +595,486 @@ def test_an_unsafe_run_id_is_refused_at_construction(run_id: Any) -> None:
     with pytest.raises(MetricsError, match="not a safe run id"):
         MetricsCallback(adapters=["grpo"], sinks=[{"type": "memory"}], run_id=run_id)
     assert Publisher([MemorySink()], adapters="grpo", run_id="grpo-7b_v1.2").run_id == "grpo-7b_v1.2"
+
+
+# -- issue 14: secrets ------------------------------------------------------------------------------------
+
+# Each planted secret is unique, so that a grep of the raw bytes says which form leaked.
+PLANTED: dict[str, tuple[Any, str]] = {
+    # form: (a config fragment holding it, the secret)
+    "parent key pass": ({"db": {"host": "db1", "pass": "Pq1-parent-pass"}}, "Pq1-parent-pass"),
+    "plural parent": ({"passwords": {"admin": "Pq2-plural-parent"}}, "Pq2-plural-parent"),
+    "secrets parent": ({"secrets": {"slack": {"channel": "Pq3-secrets-parent"}}}, "Pq3-secrets-parent"),
+    "passwd": ({"svc": {"passwd": "Pq4-passwd"}}, "Pq4-passwd"),
+    "pwd": ({"pwd": "Pq5-pwd"}, "Pq5-pwd"),
+    "*_PWD": ({"env": {"MYSQL_PWD": "Pq6-mysql-pwd"}}, "Pq6-mysql-pwd"),
+    "PGPASSWORD": ({"env": {"PGPASSWORD": "Pq7-pgpassword"}}, "Pq7-pgpassword"),
+    "api_keys list": ({"openai": {"api_keys": ["Pq8-first-key", "Pq8-second-key"]}}, "Pq8-second-key"),
+    "argv list": ({"argv": ["train.py", "--password", "Pq9-argv-list", "--lr", "3e-4"]}, "Pq9-argv-list"),
+    "argv pair tuple": ({"auth_pairs": [("token", "Pq10-pair-tuple")]}, "Pq10-pair-tuple"),
+    "command --api-key": ({"cmd": "python train.py --api-key Pq11-cmd-api-key --lr 3"}, "Pq11-cmd-api-key"),
+    "command --hf-token": ({"cmd2": "accelerate launch t.py --hf-token Pq12-cmd-hf-token"}, "Pq12-cmd-hf-token"),
+    "k8s env entry": ({"pod": {"env": [{"name": "WANDB_API_KEY", "value": "Pq13-k8s-env"},
+                                       {"name": "LR", "value": "0.1"}]}}, "Pq13-k8s-env"),
+    "PEM block": ({"deploy": {"cert": "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAPq14pem\n"
+                                      "-----END OPENSSH PRIVATE KEY-----\n"}}, "b3BlbnNzaC1rZXktdjEAAAAPq14pem"),
+    "github ghp_": ({"note1": "clone with ghp_Pq15aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"}, "ghp_Pq15aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"),
+    "github_pat_": ({"note2": "github_pat_11Pq16bbbbbbbbbbbbbbbbbbbbbbbbb"}, "github_pat_11Pq16bbbbbbbbbbbbbbbbbbbbbbbbb"),
+    "gitlab glpat-": ({"note3": "glpat-Pq17ccccccccccccccccc"}, "glpat-Pq17ccccccccccccccccc"),
+    "google AIza": ({"maps": "AIzaSyPq18ddddddddddddddddddddddddddddd"}, "AIzaSyPq18ddddddddddddddddddddddddddddd"),
+    "aws AKIA": ({"note4": "id AKIAPQ19EEEEEEEEEEEE here"}, "AKIAPQ19EEEEEEEEEEEE"),
+    "aws ASIA": ({"note5": "ASIAPQ20FFFFFFFFFFFF"}, "ASIAPQ20FFFFFFFFFFFF"),
+    "stripe sk_live_": ({"billing": "sk_live_Pq21gggggggggggggggggggggg"}, "sk_live_Pq21gggggggggggggggggggggg"),
+    "slack webhook": ({"alerts": "https://hooks.slack.com/services/T0000/B0000/Pq22hhhhhhhhhhhhhhhh"},
+                      "Pq22hhhhhhhhhhhhhhhh"),
+    "hugging face hf_": ({"note6": "hf_Pq23iiiiiiiiiiiiiiiiiiiiiiii"}, "hf_Pq23iiiiiiiiiiiiiiiiiiiiiiii"),
+    "DSN password=": ({"dsn": "host=db port=5432 user=u password=Pq24-dsn dbname=runs"}, "Pq24-dsn"),
+    "netrc line": ({"note7": "machine api.wandb.ai login alice password Pq25-netrc"}, "Pq25-netrc"),
+    "scp user:pass@host:path": ({"sync": "alice:Pq26-scp@storage.internal:/data/ckpt"}, "Pq26-scp"),
+    "bytes value": ({"blob": b"HF_TOKEN=Pq27-bytes-value"}, "Pq27-bytes-value"),
+    "tuple value": ({"creds": ("password", "Pq28-tuple-value")}, "Pq28-tuple-value"),
+    "JSON text": ({"extra": '{"db": {"password": "Pq29-json-text"}}'}, "Pq29-json-text"),
+    "random-looking key": ({"note8": "key material 7fQ2xR9LmK4pZ8wT3vY6nB1cH5jD0sPq30 end"},
+                           "7fQ2xR9LmK4pZ8wT3vY6nB1cH5jD0sPq30"),
+}
+INNOCENT = {"rl": {"kl_beta": 0.04, "max_tokens": 256, "eos_token": "</s>", "pad_token_id": 0, "sort_key": "len",
+                   "pass_at_k": 0.5},
+            "model": "meta-llama/Llama-3.1-8B-Instruct", "git_sha": "0123456789abcdef0123456789abcdef01234567",
+            "url": "https://huggingface.co/datasets/gsm8k", "tags": ["grpo", "ablation"]}
+
+
+def planted_config() -> dict[str, Any]:
+    config: dict[str, Any] = {"innocent": INNOCENT}
+    for i, (fragment, _secret) in enumerate(PLANTED.values()):
+        config[f"form{i}"] = fragment
+    return config
+
+
+@pytest.mark.parametrize("form", list(PLANTED))
+def test_every_shape_of_credential_is_redacted_by_rule(form: str) -> None:
+    from posttrain_metrics.core.redact import flatten_config
+
+    fragment, secret = PLANTED[form]
+    flat = flatten_config({"cfg": fragment})
+    assert secret not in repr(flat), flat
+    assert any("***REDACTED***" in str(v) for v in flat.values()), flat
+
+
+def test_what_only_looks_like_a_credential_stays_readable() -> None:
+    from posttrain_metrics.core.redact import flatten_config
+
+    flat = flatten_config(INNOCENT)
+    assert flat == {"rl/kl_beta": 0.04, "rl/max_tokens": 256, "rl/eos_token": "</s>", "rl/pad_token_id": 0,
+                    "rl/sort_key": "len", "rl/pass_at_k": 0.5, "model": "meta-llama/Llama-3.1-8B-Instruct",
+                    "git_sha": "0123456789abcdef0123456789abcdef01234567",
+                    "url": "https://huggingface.co/datasets/gsm8k", "tags/0": "grpo", "tags/1": "ablation"}
+    # the non-secret half of a pairing is kept: the user, the host, the other env entries
+    flat = flatten_config(planted_config())
+    assert flat["form12/pod/env/1/value"] == "0.1" and flat["form12/pod/env/0/name"] == "WANDB_API_KEY"
+    assert flat["form0/db/host"] == "db1"
+    assert flat["form25/sync"] == "alice:***REDACTED***@storage.internal:/data/ckpt"
+    assert flat["form8/argv/3"] == "--lr" and flat["form8/argv/4"] == "3e-4"
+
+
+def test_a_planted_secret_of_any_shape_is_in_no_byte_of_any_artefact(
+    tmp_path: Path, mlflow_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from _mlflow_server import SERVER_STORES
+
+    from posttrain_metrics.integrations.mlflow import MlflowSink
+    from posttrain_metrics.integrations.tensorboard import TensorBoardSink
+    from posttrain_metrics.integrations.wandb import WandbSink
+
+    argv_secret = "Pq31-command-line-secret"  # W&B's metadata records the command line
+    monkeypatch.setattr(sys, "argv", ["train.py", "--hf-token", argv_secret, f"--password={argv_secret}"])
+    root = tmp_path / "run"
+    served = MlflowSink(tracking_uri=mlflow_server, experiment=f"planted-{uuid.uuid4().hex[:8]}")
+    served.name = "mlflow-server"
+    sinks = [JournalSink(root / "journal.jsonl"), TensorBoardSink(log_dir=root / "tensorboard"),
+             MlflowSink(dir=root, experiment="planted"), served,
+             WandbSink(project="planted", dir=root, mode="offline", settings={"quiet": True})]
+    pub = Publisher(sinks, adapters=GRPO_ADAPTERS, run_name="planted", run_id="planted01", background=False)
+    pub.start(planted_config())
+    reducer = MetricReducer(GRPO_ADAPTERS)
+    for step in (1, 2):
+        for chunk in good_window(step):
+            reducer.add(chunk)
+        pub.publish(reducer.reduce(step))
+    pub.close()
+    import wandb
+
+    wandb.teardown()
+    assert pub.failures == {}
+    files = [p for p in [*root.rglob("*"), *SERVER_STORES[mlflow_server].rglob("*")] if p.is_file()]
+    names = {p.name for p in files}
+    assert "journal.jsonl" in names and "mlflow.db" in names
+    assert any(n.startswith("events.out.tfevents") for n in names) and any(n.endswith(".wandb") for n in names)
+    secrets = [secret for _fragment, secret in PLANTED.values()] + [argv_secret]
+    for path in files:
+        data = path.read_bytes()
+        for secret in secrets:
+            assert secret.encode() not in data, f"{secret!r} is in {path}"
+    header = read_journal(root / "journal.jsonl").config
+    assert header["innocent/rl/kl_beta"] == 0.04 and header["innocent/model"] == "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def test_no_secret_in_an_error_or_a_warning(tmp_path: Path) -> None:
+    from posttrain_metrics.integrations.factory import build_sink
+
+    secret = "Pq40-warned-secret"
+
+    class Failing(MemorySink):
+        name = "failing"
+
+        def write(self, frame: Frame) -> None:
+            raise ConnectionError(f"API request to http://alice:{secret}@127.0.0.1:9/api/2.0/mlflow failed")
+
+    pub = Publisher([Failing()], adapters=GRPO_ADAPTERS, background=False)
+    pub.start({})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pub.publish(Frame(1, {"train/kl_max": 0.5}, "train", 1.0))
+    pub.close()
+    texts = [str(w.message) for w in caught]
+    assert any("failed in write()" in t and "alice:***REDACTED***@127.0.0.1" in t for t in texts), texts
+    assert not any(secret in t for t in texts), texts
+    # our own errors that print a user's options, nested ones included
+    for spec in ({"type": "nope", "auth": {"headers": {"Authorization": f"Bearer {secret}"}}},
+                 {"type": "console", "every": 1, "extra": {"db": {"pass": secret}}},
+                 {"type": "tensorboard", "flush": [f"--password={secret}"]}):
+        with pytest.raises(MetricsError) as info:
+            build_sink(spec, out_dir=tmp_path)
+        assert secret not in str(info.value), str(info.value)
+
+
+def test_the_live_mlflow_sink_redacts_a_password_in_its_uri_from_its_warnings(tmp_path: Path) -> None:
+    from _mlflow_server import free_port
+
+    from posttrain_metrics.integrations.mlflow import MlflowSink
+
+    secret = "Pq41-uri-password"
+    sink = MlflowSink(tracking_uri=f"http://alice:{secret}@127.0.0.1:{free_port()}", http_max_retries=0,
+                      http_timeout=2)
+    pub = Publisher([sink, JournalSink(tmp_path / "journal.jsonl")], adapters=GRPO_ADAPTERS, background=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pub.start({})
+        pub.publish(Frame(1, {"train/kl_max": 0.5}, "train", 1.0))
+        pub.close()
+    texts = [str(w.message) for w in caught]
+    assert any("REDACTED" in t for t in texts), texts  # the sink did warn, with the URI
+    assert not any(secret in t for t in texts), texts
+
+
+def test_redaction_is_linear_time_on_hostile_and_plain_text() -> None:
+    from posttrain_metrics.core.redact import flatten_config, redact_text
+
+    # Shapes that made the old expressions quadratic (a long name run, many "a=", many "x://"),
+    # and shapes each rule looks for, repeated without end.
+    units = ["a", "a.", "a=", "a:", "a:b", "-a", "--key ", "key ", "a://", "a:b@", "@", "password ", 'password="',
+             "Bearer ", "hf_", "eyJ", "eyJaaaaaaaaaa.", "-----BEGIN ", "aB1", "token", "keykey", "é", "lorem ipsum "]
+    worst = 0.0
+    for unit in units:
+        small, large = unit * (20_000 // len(unit)), unit * (200_000 // len(unit))
+        times = []
+        for text in (small, large):
+            best = math.inf
+            for _ in range(3):
+                started = time.process_time()
+                redact_text(text)
+                best = min(best, time.process_time() - started)
+            times.append(max(best, 1e-4))
+        ratio = times[1] / times[0]
+        worst = max(worst, ratio)
+        assert ratio < 30, f"{unit!r}: 10x the text cost {ratio:.0f}x the time (quadratic is 100x)"
+    config = {"run": {"note": "lorem ipsum dolor sit amet, --lr 3e-4 url=https://h/x " * 18_000}}
+    started = time.process_time()
+    flat = flatten_config(config)
+    spent = time.process_time() - started
+    assert len(flat["run/note"]) == len(config["run"]["note"])  # nothing in it was a secret
+    print(f"[figure] redaction: worst 10x-size ratio {worst:.1f}; 1 MB of config text in {spent:.2f} s CPU")
+
+
+# -- issue 14: terminal control characters ----------------------------------------------------------------
+
+
+def test_doctor_and_console_escape_control_characters_from_a_journal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from posttrain_metrics.cli import main
+    from posttrain_metrics.integrations.console import ConsoleSink
+    from posttrain_metrics.integrations.publisher import Publisher as Pub
+
+    forged = "x\r\x1b[2K\nhealthy: none of the checks fired\x1b]0;owned\x07\u202e"
+    header = {"format": "posttrain-metrics-journal", "version": 1, "kind": "header", "run_id": "ctl01",
+              "name": forged, "created": 1.7e9, "adapters": ["grpo"], "config": {}}
+    frames = [{"kind": "frame", "run_id": "ctl01", "step": s, "phase": "train", "time": 1.7e9 + s,
+               "metrics": {"train/kl_max": 0.5, "train/loss_avg": {"$float": "NaN"}, f"train/k\x1b[31m{s}": 1.0}}
+              for s in (1, 2)]
+    path = tmp_path / "journal.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in [header, *frames]))
+    assert main(["doctor", str(path)]) in (0, 1)
+    out = capsys.readouterr().out
+    for char in ("\x1b", "\r", "\x07", "\u202e"):
+        assert char not in out, repr(out)
+    assert not any(line.startswith("healthy") for line in out.splitlines()), out  # no forged line
+    assert "x\\r\\x1b[2K\\nhealthy" in out
+    stream = io.StringIO()
+    pub = Pub([ConsoleSink(stream=stream, keys=["train/kl_max", "train/k\x1b[31m1"])], adapters="grpo",
+              run_name=forged, background=False)
+    pub.start({})
+    pub.publish(Frame(1, {"train/kl_max": 0.5}, "train", 1.0))
+    pub.close()
+    printed = stream.getvalue()
+    assert "\x1b" not in printed and "\r" not in printed and "\u202e" not in printed, repr(printed)
+    assert len(printed.splitlines()) == 2  # the run line and the step line, nothing forged
+
+
+# -- issue 14: paths and configs --------------------------------------------------------------------------
+
+
+def test_a_relative_mlflow_uri_resolves_under_out_dir_and_an_absolute_one_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from posttrain_metrics.callbacks import MetricsCallback
+
+    work, out = tmp_path / "cwd", tmp_path / "run"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    chosen = tmp_path / "elsewhere" / "abs.db"
+    chosen.parent.mkdir()
+    for uri, where in (("sqlite:///outside/ml.db", out / "outside" / "ml.db"),
+                       (f"sqlite:///{chosen}", chosen)):
+        callback = MetricsCallback(adapters=GRPO_ADAPTERS, sinks=[{"type": "mlflow", "tracking_uri": uri}],
+                                   out_dir=out)
+        callback.on_run_start({})
+        for chunk in good_window(1):
+            callback.on_chunk_end(chunk)
+        callback.on_window_end(1)
+        callback.on_run_end()
+        assert where.is_file(), (uri, list(tmp_path.rglob("*.db")))
+    assert list(work.iterdir()) == []  # nothing against the working directory
+    assert MetricsCallback(adapters=["grpo"], sinks=[{"type": "mlflow", "tracking_uri": "mlruns"}],
+                           out_dir=out).sinks[0].tracking_uri == str((out / "mlruns").resolve())  # type: ignore[attr-defined]
+    with pytest.raises(MetricsError, match="outside the output folder"):
+        MetricsCallback(adapters=["grpo"], sinks=[{"type": "mlflow", "tracking_uri": "sqlite:///../x.db"}],
+                        out_dir=out)
+
+
+@pytest.mark.parametrize(("kwargs", "needles"), [
+    ({"sinks": [{"type": ["journal"]}]}, ["type ['journal']", "field 'type'", "fix"]),
+    ({"sinks": [{"type": "journal", "path": 5}]}, ["path=5", "int", "fix"]),
+    ({"sinks": [{"type": "journal", "path": ""}]}, ["path=''", "empty", "fix"]),
+    ({"sinks": [{"type": "journal", "path": "."}]}, ["path='.'", "folder", "fix"]),
+    ({"sinks": [{"type": "tensorboard", "log_dir": ["a"]}]}, ["log_dir=['a']", "list", "fix"]),
+    ({"sinks": [{"type": "console", "every": "3"}]}, ["every='3'", "str", "fix"]),
+    ({"sinks": [{"type": "wandb", "project": 7}]}, ["project=7", "int", "fix"]),
+    ({"sinks": [{"type": "mlflow", "tracking_uri": 5}]}, ["tracking_uri=5", "fix"]),
+    ({"sinks": [{"type": "mlflow", "backlog": "many"}]}, ["backlog='many'", "fix"]),
+    ({"sinks": {"type": "journal"}}, ["sinks=", "dict", "fix"]),
+    ({"adapters": 3}, ["adapters=3", "int", "fix"]),
+    ({"adapters": ["grpo", 3.5]}, ["3.5", "float", "fix"]),
+    ({"out_dir": 5}, ["out_dir=5", "int", "fix"]),
+    ({"out_dir": ""}, ["out_dir=''", "fix"]),
+    ({"run_name": 5}, ["run_name=5", "int", "fix"]),
+])
+def test_wrong_types_anywhere_in_a_callback_or_sink_config_are_a_metrics_error(
+    tmp_path: Path, kwargs: dict[str, Any], needles: list[str]
+) -> None:
+    from posttrain_metrics.callbacks import MetricsCallback
+
+    options: dict[str, Any] = {"adapters": ["grpo"], "sinks": [{"type": "memory"}], "out_dir": tmp_path, **kwargs}
+    with pytest.raises(MetricsError) as info:
+        MetricsCallback(**options)
+    for needle in needles:
+        assert needle in str(info.value), str(info.value)
+
+
+# -- issue 14: journals and the command line ---------------------------------------------------------------
+
+
+def _journal_lines(run_id: str = "enc01", name: str = "enc") -> list[bytes]:
+    import json
+
+    header = {"format": "posttrain-metrics-journal", "version": 1, "kind": "header", "run_id": run_id,
+              "name": name, "created": 1.7e9, "adapters": ["grpo"], "config": {}}
+    frames = [{"kind": "frame", "run_id": run_id, "step": s, "phase": "train", "time": 1.7e9 + s,
+               "metrics": {"train/kl_max": 0.5 + s}} for s in (1, 2, 3)]
+    return [json.dumps(r).encode() for r in [header, *frames]]
+
+
+def _replaced(index: int, old: bytes, new: bytes) -> bytes:
+    lines = _journal_lines()
+    lines[index] = lines[index].replace(old, new)
+    return b"\n".join(lines) + b"\n"
+
+
+ENCODINGS: dict[str, tuple[bytes, str]] = {
+    # case: (file bytes, what stderr says; "" = a documented skip with a warning, exit 0)
+    "bad byte in a frame": (_replaced(2, b"kl_max", b"kl_max\xff"), ":3: not a journal line (not UTF-8: byte 0xff"),
+    "bad byte in the header": (b"\n".join([_journal_lines(name="caf\xe9")[0].replace(b"caf\\u00e9", b"caf\xe9"),
+                                           *_journal_lines()[1:]]) + b"\n", ":1: not a journal line (not UTF-8"),
+    "torn last line mid-character": (b"\n".join(_journal_lines()) + b"\n" + _journal_lines()[3][:40] + b"\xe2\x82",
+                                     ""),
+    "UTF-16 file": ("\n".join(line.decode() for line in _journal_lines()).encode("utf-16") + b"\n",
+                    "a UTF-16 file?"),
+    "lone surrogate in the name": (b"\n".join([_journal_lines(name="x\ud800y")[0], *_journal_lines()[1:]]) + b"\n",
+                                   ":1: not a journal line (a string holds a lone surrogate"),
+    "lone surrogate in a key": (_replaced(2, b"kl_max", b"kl_\\udfff"), "lone surrogate"),
+}
+
+
+@pytest.mark.parametrize("command", ["doctor", "plot", "export"])
+@pytest.mark.parametrize("case", list(ENCODINGS))
+def test_a_journal_that_is_not_utf8_is_a_clear_error_in_every_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str, command: str
+) -> None:
+    from posttrain_metrics.cli import main
+
+    data, said = ENCODINGS[case]
+    path = tmp_path / "journal.jsonl"
+    path.write_bytes(data)
+    argv = {"doctor": ["doctor", str(path)], "plot": ["plot", str(path), "-o", str(tmp_path / "p.png")],
+            "export": ["export", str(path), "--to", "tensorboard", str(tmp_path / "tb"), "--quiet"]}[command]
+    status = main(argv)
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    if said:
+        assert status == 2 and said in err and str(path) in err, (status, err)
+    else:  # a torn last line: skipped with a warning, the complete lines are used
+        assert status in (0, 1) and "skipped a torn last line" in err, (status, err)
+        assert len(read_journal(path).frames) == 3
+
+
+def _strict_journal(tmp_path: Path, header_fields: Mapping[str, Any], frame_fields: Mapping[str, Any],
+                    raw_frame: str | None = None) -> Path:
+    import json
+
+    header = {"format": "posttrain-metrics-journal", "version": 1, "kind": "header", "run_id": "strict01",
+              "name": "strict", "created": 1.7e9, "adapters": ["grpo", "trainer"], "config": {}, **header_fields}
+    good = {"kind": "frame", "run_id": "strict01", "step": 1, "phase": "train", "time": 1.7e9,
+            "metrics": {"train/kl_max": 0.5}}
+    bad = raw_frame if raw_frame is not None else json.dumps({**good, "step": 2, **frame_fields})
+    path = tmp_path / "journal.jsonl"
+    path.write_text(json.dumps(header) + "\n" + json.dumps(good) + "\n" + bad + "\n")
+    return path
+
+
+STRICT: dict[str, tuple[dict[str, Any], dict[str, Any], str | None, str]] = {
+    # case: (header fields, frame fields, raw third line, what the error says)
+    "step beyond 2**53": ({}, {"step": 2**53 + 1}, None, "beyond +/-2**53"),
+    "step below -2**53": ({}, {"step": -(2**53) - 1}, None, "beyond +/-2**53"),
+    "time infinite": ({}, {}, '{"kind":"frame","run_id":"strict01","step":2,"time":Infinity,"metrics":{}}',
+                      "not a finite number"),
+    "time NaN": ({}, {}, '{"kind":"frame","run_id":"strict01","step":2,"time":NaN,"metrics":{}}', "not a finite"),
+    "time a string": ({}, {"time": "yesterday"}, None, "not a finite number"),
+    "version true": ({"version": True}, {}, None, "journal format version True"),
+    "version 1.0": ({"version": 1.0}, {}, None, "journal format version 1.0"),
+    "string for a number": ({}, {"metrics": {"train/kl_max": "0.5"}}, None, "string where the catalogue declares"),
+    "label outside the set": ({}, {"metrics": {"optim/update_outcome": "stepped"}}, None, "declared labels"),
+    "number for a label": ({}, {"metrics": {"optim/update_outcome": 1}}, None, "declared labels"),
+    "int metric beyond 2**53": ({}, {"metrics": {"train/kl_max": 2**60}}, None, "beyond +/-2**53"),
+    "created infinite": ({"created": 1e400}, {}, None, "created"),
+}
+
+
+@pytest.mark.parametrize("case", list(STRICT))
+def test_the_journal_reader_refuses_what_it_cannot_replay_faithfully(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str
+) -> None:
+    from posttrain_metrics.cli import main
+
+    header_fields, frame_fields, raw, said = STRICT[case]
+    path = _strict_journal(tmp_path, header_fields, frame_fields, raw)
+    with pytest.raises(MetricsError) as info:
+        read_journal(path)
+    assert said in str(info.value), str(info.value)
+    if not header_fields:
+        assert f"{path}:3" in str(info.value)  # names the line
+    for argv in (["doctor", str(path)], ["export", str(path), "--to", "tensorboard", "--quiet"]):
+        assert main(argv) == 2
+        assert said in capsys.readouterr().err
+    assert not (tmp_path / "tensorboard").exists()  # nothing exported from a journal refused
+
+
+def test_an_mlflow_export_target_that_is_a_file_store_or_an_unknown_scheme_is_one_clear_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from posttrain_metrics.cli import main
+
+    path = tmp_path / "journal.jsonl"
+    path.write_bytes(b"\n".join(_journal_lines()) + b"\n")
+    for target, said in ((str(tmp_path / "mlruns"), "file store"), ("file:///tmp/mlruns", "file store"),
+                         ("mlflw://host:5000", "unknown tracking URI scheme 'mlflw'"),
+                         ("htp://alice:Pq42-in-uri@host", "unknown tracking URI scheme 'htp'")):
+        assert main(["export", str(path), "--to", "mlflow", target, "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert said in err and "fix" in err and len(err.strip().splitlines()) == 1, err
+        assert "Pq42-in-uri" not in err
+    assert not (tmp_path / "mlruns").exists()
+
+
+def test_export_to_a_dead_mlflow_server_fails_within_the_live_sinks_retries(tmp_path: Path) -> None:
+    import subprocess
+
+    from _mlflow_server import free_port
+
+    path = tmp_path / "journal.jsonl"
+    path.write_bytes(b"\n".join(_journal_lines()) + b"\n")
+    target = f"http://alice:Pq43-dead@127.0.0.1:{free_port()}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_HTTP_REQUEST")}
+    # Today's default MLflow retries take about 4 minutes; the live sink's bound about 3 s. The
+    # subprocess timeout only stops a hang: the assertions are on what the command says.
+    done = subprocess.run([sys.executable, "-m", "posttrain_metrics.cli", "export", str(path), "--to", "mlflow",
+                           target, "--quiet"], capture_output=True, text=True, timeout=150, env=env)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "did not answer" in lines[0] and "fix" in lines[0], done.stderr
+    assert "Traceback" not in done.stderr and "Pq43-dead" not in done.stderr + done.stdout
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["--import", "no_such_module_pq44", "keys"], "cannot import module 'no_such_module_pq44'"),
+    (["demo", "--ranks", "0"], "less than 1"),
+    (["demo", "--steps", "-3"], "less than 1"),
+    (["demo", "--steps", "0"], "less than 1"),
+    (["demo", "--ranks", "two"], "not a whole number"),
+])
+def test_bad_command_line_arguments_are_a_clear_error_with_exit_2(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from posttrain_metrics.cli import main
+
+    try:
+        status = main(argv)
+    except SystemExit as exit_:  # argparse's own exit for a bad argument
+        status = int(exit_.code or 0)
+    err = capsys.readouterr().err
+    assert status == 2 and said in err and "Traceback" not in err, (status, err)
+
+
+def test_a_hostile_journal_header_costs_export_linear_time(tmp_path: Path) -> None:
+    import json
+
+    from posttrain_metrics.export import export
+
+    def exported(size: int, name: str) -> float:
+        folder = tmp_path / name
+        folder.mkdir()
+        header = {"format": "posttrain-metrics-journal", "version": 1, "kind": "header", "run_id": f"hdr{size}",
+                  "name": "hostile", "created": 1.7e9, "adapters": ["grpo"],
+                  "config": {"note": "a." * (size // 2), "cmd": "x://" * (size // 4)}}  # quadratic before
+        frame = {"kind": "frame", "run_id": f"hdr{size}", "step": 1, "phase": "train", "time": 1.7e9,
+                 "metrics": {"train/kl_max": 0.5}}
+        (folder / "journal.jsonl").write_text(json.dumps(header) + "\n" + json.dumps(frame) + "\n")
+        journal = read_journal(folder / "journal.jsonl")
+        started = time.process_time()
+        assert export(journal, "tensorboard", str(folder / "tb"), quiet=True) == 0
+        return time.process_time() - started
+
+    exported(100, "warm")  # imports and first-use costs out of the comparison
+    small, large = exported(20_000, "small"), exported(200_000, "large")
+    assert large / max(small, 1e-3) < 30, (small, large)  # 10x the header: about 10x at most, not 100x
+    print(f"[figure] export of a journal with a 200 KB hostile header: {large:.2f} s CPU ({small:.2f} s for 20 KB)")

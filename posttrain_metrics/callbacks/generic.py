@@ -29,7 +29,7 @@ from ..core.frame import Frame
 from ..core.layout import RefusedChunk
 from ..core.reducer import AdapterSpec, MetricReducer
 from ..integrations.base import Sink
-from ..integrations.factory import build_sink, plain, safe_name
+from ..integrations.factory import build_sink, check_callback, plain, safe_name
 from ..integrations.publisher import Publisher
 
 __all__ = ["MetricsCallback", "build_callback"]
@@ -59,8 +59,7 @@ class MetricsCallback:
         local: bool = False,
     ) -> None:
         adapters, sinks = plain(adapters), plain(sinks)
-        if not isinstance(sinks, list):
-            raise MetricsError(f"sinks must be a list of sink configs or objects, got {sinks!r:.80}")
+        check_callback(adapters=adapters, sinks=sinks, out_dir=out_dir, run_name=run_name)
         self.out_dir = Path(out_dir) if out_dir is not None else None
         name = safe_name(run_name) if run_name else None
         built = [build_sink(spec, out_dir=self.out_dir) for spec in sinks]

@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from .frame import Frame
+from .printable import printable
 
 __all__ = [
     "BUDGET_CONFIG_NAMES",
@@ -914,7 +915,7 @@ def format_findings(findings: Sequence[Finding], *, as_json: bool, journal: Jour
     ]
     if not findings:
         lines.append(f"healthy: none of the {len(CHECKS)} checks fired")
-        return "\n".join(lines)
+        return "\n".join(printable(line) for line in lines)
     lines.append(", ".join(f"{n} {s}{'s' if n != 1 and s != 'info' else ''}" for s, n in counts.items()))
     wrap = textwrap.TextWrapper(width=100, initial_indent="    ", subsequent_indent="    ")
     for severity in Severity:
@@ -928,4 +929,6 @@ def format_findings(findings: Sequence[Finding], *, as_json: bool, journal: Jour
             lines.append(f"  [{finding.check}]{where}")
             lines.extend(wrap.wrap(finding.explanation))
             lines.extend(wrap.wrap("next: " + finding.next_step))
-    return "\n".join(lines)
+    # A journal's names, keys and labels may hold control characters: escaped line by line, so
+    # that no journal can forge a line of this report or drive the terminal.
+    return "\n".join(printable(line) for line in lines)

@@ -67,7 +67,7 @@ def run_demo(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path("runs") / name
     out.mkdir(parents=True, exist_ok=True)
     out = out.resolve()
-    config = ToyConfig(seed=args.seed, **({"steps": args.steps} if args.steps else {}))
+    config = ToyConfig(seed=args.seed, **({"steps": args.steps} if args.steps is not None else {}))
     sinks = demo_sinks(wandb=not args.no_wandb, mlflow=not args.no_mlflow, tensorboard=not args.no_tensorboard,
                        console=not args.no_console, mlflow_uri=args.mlflow_uri)
     print(f"posttrain-metrics demo: GRPO on a toy digit-sum task, {config.steps} steps, {args.ranks} "

@@ -9,6 +9,7 @@ from typing import TextIO
 
 from ..core.frame import Frame
 from ..core.keys import KeyInfo, headline_keys
+from ..core.printable import printable
 from ..core.values import Scalar
 from .base import RunInfo
 
@@ -64,4 +65,6 @@ class ConsoleSink:
         pass  # nothing held open
 
     def _print(self, text: str) -> None:
-        print(text, file=self.stream or sys.stdout, flush=True)
+        # Run names, keys and labels may hold control characters (a replayed journal is anyone's
+        # data): escaped, so that one printed line stays one line.
+        print(printable(text), file=self.stream or sys.stdout, flush=True)

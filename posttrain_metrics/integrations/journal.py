@@ -29,7 +29,9 @@ from typing import IO, Any
 
 from ..core.errors import MetricsError
 from ..core.frame import Frame
-from ..core.values import Scalar
+from ..core.keys import KeyInfo, describe
+from ..core.reducer import resolve_adapters
+from ..core.values import MAX_EXACT_INT, Scalar
 from .base import RunInfo
 from .publisher import SAFE_RUN_ID
 
@@ -179,13 +181,85 @@ class Journal:
         return dict(self.header.get("config", {}))
 
 
-def _lines(path: Path) -> Iterator[tuple[int, str, bool]]:
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    parts = text.split("\n")
-    for i, line in enumerate(parts, 1):
-        if line.strip():
-            yield i, line, i == len(parts)  # last=True: no newline after it (possibly torn)
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _lines(path: Path) -> Iterator[tuple[int, str | UnicodeDecodeError, bool]]:
+    """``(number, text, last)`` per non-blank line; ``last``: no newline after it (possibly torn).
+    A line that is not UTF-8 comes as its decoding error, for the reader to name the line."""
+    with open(path, "rb") as f:
+        data = f.read()
+    parts = data.split(b"\n")
+    for i, raw in enumerate(parts, 1):
+        if not raw.strip():
+            continue
+        try:
+            line: str | UnicodeDecodeError = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            line = exc
+        yield i, line, i == len(parts)
+
+
+def _encoding_problem(exc: UnicodeDecodeError) -> str:
+    byte = exc.object[exc.start:exc.start + 1]
+    hint = " (a UTF-16 file?)" if exc.object[:2] in (b"\xff\xfe", b"\xfe\xff") or b"\x00" in exc.object[:64] else ""
+    return (f"not UTF-8: byte 0x{byte.hex()} at column {exc.start + 1}{hint}; journals are UTF-8 JSON lines, "
+            "so the file is damaged or not a journal")
+
+
+def _strings(value: Any) -> Iterator[str]:
+    """Every string in a decoded JSON value, keys included (iteratively: no recursion limit)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            yield item
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
+def _finite_number(value: Any) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value) and abs(value) <= MAX_EXACT_INT)
+
+
+def _check_frame(record: Mapping[str, Any], metrics: Mapping[str, Scalar], keys: Mapping[str, KeyInfo]) -> None:
+    """What a replay needs to be faithful: an integer step within +/-2**53, a finite time, numbers
+    where the catalogue declares numbers and declared labels where it declares labels (a journal
+    that breaks these would export wrongly, or fail on every try)."""
+    step = record.get("step")
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise ValueError(f"step {step!r:.40} is not an integer")
+    if abs(step) > MAX_EXACT_INT:
+        raise ValueError(f"step {step} is beyond +/-2**53, where trackers (float64) lose integers")
+    wall = record.get("time", 0.0)
+    if not _finite_number(wall):
+        raise ValueError(f"time {wall!r:.40} is not a finite number of seconds")
+    for key, value in metrics.items():
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_EXACT_INT:
+            raise ValueError(f"{key} = {value} is an integer beyond +/-2**53 (not exact in float64)")
+        info = keys.get(key)
+        if info is None:
+            continue
+        labels = info.metric.labels
+        if labels and value not in labels:
+            raise ValueError(f"{key} = {value!r:.60} is not one of its declared labels {list(labels)}")
+        if labels and not isinstance(value, str):
+            raise ValueError(f"{key} = {value!r:.60} is not a label string")
+        if not labels and isinstance(value, str):
+            raise ValueError(f"{key} = {value!r:.60} is a string where the catalogue declares a number")
+
+
+def _catalogue(adapters: list[str]) -> dict[str, KeyInfo]:
+    """The declared keys of the journal's adapters; empty when one is not registered here (the
+    command line refuses such a journal, naming the adapter and the fix)."""
+    try:
+        return describe(resolve_adapters(adapters))
+    except MetricsError:
+        return {}
 
 
 def _check_header(path: Path, header: Mapping[str, Any]) -> None:
@@ -201,6 +275,8 @@ def _check_header(path: Path, header: Mapping[str, Any]) -> None:
         problem = f"adapters {adapters!r:.80} is not a list of adapter names"
     elif not isinstance(header.get("config", {}), dict):
         problem = f"config {header.get('config')!r:.80} is not a JSON object"
+    elif "created" in header and not _finite_number(header["created"]):
+        problem = f"created {header['created']!r:.40} is not a finite time in seconds"
     if problem:
         raise MetricsError(f"{path}: the journal header's {problem}; the file is damaged or not ours")
 
@@ -216,11 +292,17 @@ def read_journal(path: str | os.PathLike[str]) -> Journal:
     end: dict[str, Any] | None = None
     notes: list[str] = []
     damaged: tuple[int, str] | None = None
+    keys: dict[str, KeyInfo] = {}
     for number, line, unterminated in _lines(p):
         try:
+            if isinstance(line, UnicodeDecodeError):
+                raise ValueError(_encoding_problem(line))
             record = json.loads(line)
             if not isinstance(record, dict):
                 raise ValueError("not a JSON object")
+            if any(_SURROGATE.search(text) for text in _strings(record)):
+                raise ValueError("a string holds a lone surrogate (\\ud800-\\udfff), which is not text "
+                                 "any tracker can store")
         except (ValueError, RecursionError) as exc:  # RecursionError: nesting too deep to decode
             if unterminated:
                 note = f"{p}:{number}: skipped a torn last line (the writer stopped mid-line)"
@@ -242,20 +324,20 @@ def read_journal(path: str | os.PathLike[str]) -> Journal:
         if header is None:
             if kind != "header" or record.get("format") != FORMAT:
                 raise MetricsError(f"{p}: the first line is not a {FORMAT} header; is this a journal?")
-            if record.get("version") != VERSION:
+            version = record.get("version")
+            if type(version) is not int or version != VERSION:  # not true, not 1.0
                 raise MetricsError(
                     f"{p}: journal format version {record.get('version')!r}; this posttrain-metrics "
                     f"reads version {VERSION}; fix: upgrade posttrain-metrics"
                 )
             _check_header(p, record)
             header = record
+            keys = _catalogue(list(record["adapters"]))
         elif kind == "frame":
             try:
                 metrics = {str(k): _decode(v) for k, v in record["metrics"].items()}
-                step = record["step"]
-                if isinstance(step, bool) or not isinstance(step, int):
-                    raise TypeError(f"step {step!r:.40} is not an integer")
-                frames.append(Frame(step, metrics, str(record.get("phase", "train")),
+                _check_frame(record, metrics, keys)
+                frames.append(Frame(record["step"], metrics, str(record.get("phase", "train")),
                                     float(record.get("time", 0.0))))
             except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
                 if unterminated:
@@ -263,6 +345,10 @@ def read_journal(path: str | os.PathLike[str]) -> Journal:
                     continue
                 raise MetricsError(f"{p}:{number}: malformed frame ({exc!r})") from None
         elif kind == "end":
+            if "time" in record and not _finite_number(record["time"]):
+                if unterminated:
+                    continue
+                raise MetricsError(f"{p}:{number}: end record's time {record['time']!r:.40} is not a finite number")
             end = record
             continue
         elif kind == "header":

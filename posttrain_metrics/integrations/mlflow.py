@@ -103,6 +103,7 @@ from typing import Any
 
 from ..core.errors import MetricsError
 from ..core.frame import Frame
+from ..core.redact import redact_text
 from .base import RunInfo
 
 __all__ = ["MlflowSink"]
@@ -445,14 +446,14 @@ class MlflowSink:
             params = sum(len(b.params) for b in waiting)
             warnings.warn(
                 f"mlflow: {len(steps)} frame(s) (steps {_span(steps)}) and {params} param(s) were not "
-                f"confirmed by {self.tracking_uri} when close() stopped waiting (drain_timeout="
+                f"confirmed by {redact_text(str(self.tracking_uri))} when close() stopped waiting (drain_timeout="
                 f"{self.drain_timeout:g}s, or the server is down); the journal holds them: "
                 "`posttrain-metrics export` replays them",
                 stacklevel=2,
             )
         if self._degraded:
             warnings.warn(
-                f"mlflow: {self.tracking_uri} is unreachable; run {self.run_id} keeps status RUNNING "
+                f"mlflow: {redact_text(str(self.tracking_uri))} is unreachable; run {self.run_id} keeps status RUNNING "
                 "(could not set it to " + ("FAILED" if failed else "FINISHED") + ")",
                 stacklevel=2,
             )
@@ -472,7 +473,7 @@ class MlflowSink:
                     if self.dropped == 0:
                         warnings.warn(
                             f"mlflow: more than backlog={self.backlog} frames are waiting for "
-                            f"{self.tracking_uri}; dropping the oldest (counted in MlflowSink.dropped; "
+                            f"{redact_text(str(self.tracking_uri))}; dropping the oldest (counted in MlflowSink.dropped; "
                             "the journal keeps them for `posttrain-metrics export`)",
                             stacklevel=3,
                         )
@@ -533,7 +534,7 @@ class MlflowSink:
                 self.rejected += 1
                 what = f"steps {_span(batch.steps)}" if batch.steps else "params"
                 warnings.warn(
-                    f"mlflow: {self.tracking_uri} rejected the batch of {what} ({exc}); it is not "
+                    f"mlflow: {redact_text(str(self.tracking_uri))} rejected the batch of {what} ({redact_text(str(exc))}); it is not "
                     "retried (counted in MlflowSink.rejected; the journal keeps the frames)",
                     stacklevel=3,
                 )
@@ -543,7 +544,7 @@ class MlflowSink:
             if not self._degraded:
                 self._probe_from = self._sent
                 warnings.warn(
-                    f"mlflow: sending to {self.tracking_uri} failed ({type(exc).__name__}: {exc}); the "
+                    f"mlflow: sending to {redact_text(str(self.tracking_uri))} failed ({type(exc).__name__}: {redact_text(str(exc))}); the "
                     f"sink is degraded: frames are held (up to backlog={self.backlog}) and resent when "
                     "the server answers again; training continues",
                     stacklevel=3,
@@ -552,7 +553,7 @@ class MlflowSink:
             self._held.appendleft(batch)
         if recovered:
             warnings.warn(
-                f"mlflow: {self.tracking_uri} answers again; resending "
+                f"mlflow: {redact_text(str(self.tracking_uri))} answers again; resending "
                 f"{sum(len(b.steps) for b in self._held)} held frame(s)",
                 stacklevel=3,
             )

@@ -33,7 +33,7 @@ from ..core.distributed import global_rank
 from ..core.errors import MetricsError
 from ..core.frame import Frame
 from ..core.keys import KeyInfo, describe, label_key
-from ..core.redact import flatten_config
+from ..core.redact import flatten_config, redact_text
 from ..core.reducer import AdapterSpec, resolve_adapters
 from ..core.values import Scalar
 from .base import RunInfo, Sink
@@ -274,7 +274,8 @@ class Publisher:
                 else "the journal keeps every frame for `posttrain-metrics export`"
             )
             warnings.warn(
-                f"sink {sink.name!r} failed in {method}() and is degraded: {type(exc).__name__}: {exc}. "
+                f"sink {sink.name!r} failed in {method}() and is degraded: {type(exc).__name__}: "
+                f"{redact_text(str(exc))}. "
                 f"Training continues; {where}.",
                 stacklevel=4,
             )

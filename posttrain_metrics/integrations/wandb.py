@@ -61,10 +61,11 @@ steps have no policy keys); nothing is zero-filled.
 `close(failed=True)` finishes the run with exit code 1 (W&B shows it failed), else 0. `close`
 returns once W&B has acknowledged the end of the run; its background process finishes writing
 `run-<id>.wandb` moments later, and wandb's exit hook waits for that (call `wandb.teardown()`
-to wait explicitly, say before reading or syncing the file from the same process). W&B also
-records its own metadata (host, git commit, the command line) unless
-`settings={"x_disable_meta": True}`: a secret passed on the command line is outside our
-redaction.
+to wait explicitly, say before reading or syncing the file from the same process). W&B's own
+run metadata (the command line, the program, the git remote and commit, the host) is **off by
+default** (`x_disable_meta=True`): the command line can carry a secret (`--hf-token ...`) and a
+git remote URL a token, both outside the config we redact. `settings={"x_disable_meta": False}`
+turns it back on, on purpose.
 """
 
 from __future__ import annotations
@@ -251,6 +252,9 @@ class WandbSink:
             "init_timeout": self.init_timeout,
             "x_disable_stats": not self.system_metrics,
             "console": "auto" if self.capture_console else "off",
+            # W&B's metadata records the command line (and the git remote, the host): a secret
+            # passed as an argument would reach the run. Off unless settings ask for it.
+            "x_disable_meta": True,
         }
         mode = resolve_mode(self.mode, settings=self.settings)
         if mode is not None:
