@@ -545,8 +545,9 @@ def test_reduce_called_by_only_some_ranks_times_out_with_a_clear_error(tmp_path:
     assert status == "MetricsError", f"rank 0: {status} {text}"
     for part in ("all_gather collective of step 2", "on rank 0", "reduce(2)", "every rank", "timeout"):
         assert part in text, f"{part!r} not in {text!r}"
-    # it is the process group's timeout that ends the wait: not at once, and not forever
-    assert GLOO_TIMEOUT_S - 0.5 <= waited < GLOO_TIMEOUT_S + 20, waited
+    # it is the process group's timeout that ended the wait: not before it (a loaded machine only
+    # waits longer, so this lower bound cannot flake); no upper bound, which load could break
+    assert waited >= GLOO_TIMEOUT_S - 0.5, waited
     print(f"[figure] rank 1 skipped reduce(2): rank 0 raised after {waited:.1f} s: {text}")
 
 
