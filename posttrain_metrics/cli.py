@@ -84,7 +84,7 @@ def load_journal(path: str) -> Journal:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from .core.health import exit_status, format_findings, run_checks
+    from .doctor import exit_status, format_findings, run_checks
 
     journal = load_journal(args.journal)
     findings = run_checks(journal)
@@ -93,7 +93,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from .core.health import run_checks
+    from .doctor import run_checks
     from .plot import dashboard
 
     journal = load_journal(args.journal)

@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 from .core.catalog import get_adapter
 from .core.errors import MetricsError
-from .core.health import BUDGET_CONFIG_NAMES, Finding, JournalLike, Severity, config_int, step_ranges
 from .core.keys import describe
+from .doctor import BUDGET_CONFIG_NAMES, Finding, JournalLike, Severity, config_int, step_ranges
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

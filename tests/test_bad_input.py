@@ -43,8 +43,8 @@ from posttrain_metrics import (
     Reduction,
     reduce_metrics,
 )
-from posttrain_metrics.core.health import run_checks
 from posttrain_metrics.core.values import materialize
+from posttrain_metrics.doctor import run_checks
 from posttrain_metrics.integrations import JournalSink, MemorySink, Publisher, read_journal
 
 R = Reduction

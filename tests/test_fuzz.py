@@ -26,8 +26,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from posttrain_metrics import Frame, MetricReducer, MetricsError, get_adapter, reduce_metrics
-from posttrain_metrics.core.health import run_checks
 from posttrain_metrics.core.keys import describe
+from posttrain_metrics.doctor import run_checks
 from posttrain_metrics.integrations import JournalSink, MemorySink, Publisher, read_journal
 
 pytestmark = pytest.mark.timeout(120)

@@ -13,7 +13,7 @@ from _runs import GRPO_ADAPTERS, grpo_run, nonfinite_frame, ppo_run
 
 from posttrain_metrics import Frame
 from posttrain_metrics.cli import main
-from posttrain_metrics.core.health import (
+from posttrain_metrics.doctor import (
     CHECKS,
     Finding,
     Severity,

@@ -24,8 +24,8 @@ import torch.multiprocessing as mp
 from test_distributed import GAP, GRPO_STEP, assert_same_metrics, chunks_per_rank, full_data
 
 from posttrain_metrics import MetricReducer, MetricsError, get_adapter, reduce_metrics
+from posttrain_metrics.callbacks.ray import RayDriver, gather, resolve
 from posttrain_metrics.integrations import MemorySink, Publisher
-from posttrain_metrics.integrations.ray import RayDriver, gather, resolve
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -19,7 +19,7 @@ from ..core.errors import MetricsError
 from ..core.frame import Frame
 from ..core.portable import DriverReducer, State
 from ..core.reducer import AdapterSpec
-from .publisher import Publisher
+from ..integrations.publisher import Publisher
 
 __all__ = ["RayDriver", "gather", "resolve"]
 

@@ -42,8 +42,8 @@ import textwrap
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
-from .frame import Frame
-from .printable import printable
+from .core.frame import Frame
+from .core.printable import printable
 
 __all__ = [
     "BUDGET_CONFIG_NAMES",
