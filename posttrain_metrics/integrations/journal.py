@@ -63,6 +63,7 @@ class JournalSink:
 
     name = "journal"
     stores_nonfinite = frozenset({"nan", "inf"})
+    inline = True  # written on the training thread, never by the publisher process
 
     def __init__(self, path: str | os.PathLike[str], *, fsync: str = "close") -> None:
         if fsync not in _FSYNC:
