@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
+import mmap
 import os
 import threading
 import time
@@ -290,7 +291,10 @@ class Replica:
         if self.publisher is not None and self.header is not None:
             created = self.header.get("created")
             started = float(created) if isinstance(created, (int, float)) and created > 0 else None
-            self.publisher.start(dict(self.header.get("config", {})), started=started)
+            # A resumed run appends its own header: the trackers get the config it runs with now.
+            latest = last_header(self.path)
+            header = latest if latest is not None and latest.get("run_id") == self.header.get("run_id") else self.header
+            self.publisher.start(dict(header.get("config", {})), started=started)
 
     def flush(self) -> None:
         """End a batch: the sink's ``end_batch`` (one TensorBoard flush, MLflow requests merged)."""
@@ -328,6 +332,44 @@ def write_status(path: Path, status: Mapping[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def last_header(path: Path) -> dict[str, Any] | None:
+    """The last header line of the journal (a resumed run appends one), found from the end."""
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            at = data.rfind(b'{"format":"' + FORMAT.encode() + b'"')
+            if at < 0:
+                return None
+            end = data.find(b"\n", at)
+            line = data[at : end if end >= 0 else len(data)]
+    except (OSError, ValueError):  # ValueError: an empty file cannot be mapped
+        return None
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def journal_closed(path: Path) -> str | None:
+    """The status of the journal's end record when its last line is one (the trainer closed the
+    run), else None."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 512))
+            tail = f.read()
+    except OSError:
+        return None
+    last = tail.rstrip(b"\n").rsplit(b"\n", 1)[-1]
+    if b'"kind":"end"' not in last:
+        return None
+    try:
+        return str(json.loads(last).get("status", "finished"))
+    except (ValueError, AttributeError):
+        return None
+
+
 def _parent_gone(parent_pid: int | None) -> bool:
     return parent_pid is not None and os.getppid() != parent_pid
 
@@ -342,6 +384,7 @@ def follow(
     poll: float = 0.05,
     batch: int = 512,
     report: bool = True,
+    grace: float = 10.0,
 ) -> dict[str, Any]:
     """Feed ``sinks`` from the journal at ``path`` until the run ends; returns the final status.
 
@@ -370,29 +413,34 @@ def follow(
         }
 
     gone_since: float | None = None
+    reported_runs = 0
     while True:
         moved = sum(r.step() for r in replicas)
         now = time.monotonic()
-        if report and now - last_report > 0.5:
-            last_report = now
+        runs = sum(1 for r in replicas if r.publisher is not None and r.publisher.run is not None)
+        if report and (now - last_report > 0.5 or runs != reported_runs):
+            last_report, reported_runs = now, runs  # a tracker's run ids are reported as soon as it starts
             write_status(where, snapshot())
         if moved:
             continue
         ends = {r.end for r in replicas}
-        if len(ends) == 1 and None not in ends and all(r.ready() or r.closed for r in replicas):
+        if len(ends) == 1 and None not in ends:
             status = ends.pop() or "finished"
             break
         stopping = stop is not None and stop.is_set()
-        if not follow or stopping or _parent_gone(parent_pid):
-            # Drain: the trainer is gone, so nothing more comes; a sink that is not ready (a
-            # tracker down) gets a bounded time to take the rest.
+        done = not follow or stopping or _parent_gone(parent_pid)
+        closed = journal_closed(journal)
+        if done or closed:
+            # Nothing more comes. A sink that is not ready (its tracker down, a full backlog) gets a
+            # bounded time to take the rest, then is closed: its close says what it could not send.
             gone_since = gone_since or now
-            if all(r.ready() for r in replicas) or now - gone_since > 60:
-                status = next((e for e in ends if e), None) or "killed"
+            stuck = [r for r in replicas if r.end is None and not r.ready()]
+            if (done and not stuck) or (stuck and now - gone_since > grace):
+                status = closed or next((e for e in ends if e), None) or "killed"
                 break
         time.sleep(poll)
     for r in replicas:
-        r.close(status if r.end is None or status == "killed" else r.end)
+        r.close(r.end or status)
     state = "closed"
     final = snapshot("closed")
     final["status"] = status

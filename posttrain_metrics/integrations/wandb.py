@@ -238,6 +238,7 @@ class WandbSink:
         self.summary_every = int(summary_every)
         self.settings = dict(settings or {})
         self._run: Run | None = None
+        self._handles: dict[str, Any] = {}
         self._summary: RunSummary | None = None
         self._bound: set[str] = set()
         self._frames = 0
@@ -281,6 +282,7 @@ class WandbSink:
             settings=wandb.Settings(**settings),
         )
         self._run = wb_run
+        self._handles = {"run_id": wb_run.id, "url": wb_run.url, "dir": wb_run.dir, "project": wb_run.project}
         self._summary = RunSummary(run.keys)
         self._bound = set()
         self._frames = 0
@@ -345,10 +347,8 @@ class WandbSink:
         return wandb_points(self.dir if self.dir is not None else Path.cwd(), run_id)
 
     def run_handles(self) -> dict[str, Any]:
-        run = self._run
-        if run is None:
-            return {}
-        return {"run_id": run.id, "url": run.url, "dir": run.dir, "project": run.project}
+        """The W&B run's id, URL (None offline), files folder and project, from ``start`` on."""
+        return dict(self._handles)
 
     def _bind(self, namespace: str) -> None:
         if self._run is None or namespace in self._bound or namespace == STEP_KEY.split("/", 1)[0]:
