@@ -111,8 +111,8 @@ def reported(sink: MlflowSink, pub: Publisher) -> None:
     publisher process mode the sink that wrote is a copy in another process."""
     handles = pub.run_handles()["mlflow"]
     assert handles["run_id"] and handles["tracking_uri"], handles
-    if sink.tracking_uri is None:
-        sink.run_id, sink.tracking_uri = sink.run_id or handles["run_id"], handles["tracking_uri"]
+    sink.run_id = sink.run_id or handles["run_id"]
+    sink.tracking_uri = sink.tracking_uri or handles["tracking_uri"]
     assert (sink.run_id, sink.tracking_uri) == (handles["run_id"], handles["tracking_uri"])
 
 
