@@ -109,7 +109,14 @@ def cmd_publish(args: argparse.Namespace) -> int:
         raise MetricsError(f"{spec}: not a sinks file ({exc!r:.100}); fix: use export --to KIND") from None
     if not args.follow and not journal.is_file():
         raise MetricsError(f"journal {journal} does not exist or is not a file; fix: pass the path of a journal.jsonl")
-    sinks = [build_sink(c) for c in configs]
+    sinks = []
+    for config in configs:
+        options = dict(config)
+        name = options.pop("name", None)  # two sinks of one kind, told apart by name
+        sink = build_sink(options)
+        if name is not None:
+            sink.name = str(name)
+        sinks.append(sink)
     with warnings.catch_warnings():
         if args.quiet:
             warnings.simplefilter("ignore")

@@ -22,7 +22,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PublisherProcess", "sinks_path"]
+__all__ = ["MAX_RESTARTS", "PublisherProcess", "sinks_path"]
+
+MAX_RESTARTS = 10
+"""A publisher that keeps dying (a bug, a tracker that crashes it) is restarted this many times."""
 
 
 def sinks_path(journal: Path) -> Path:
@@ -80,15 +83,22 @@ class PublisherProcess:
         code = self.proc.poll()
         if code is None:
             return
+        self._restart(code)
+
+    def _restart(self, code: int) -> None:
         self.restarts += 1
         if self.restarts == 1:
             warnings.warn(
-                f"the publisher process (pid {self.proc.pid}) exited with status {code} while the run goes "
-                "on; training is not affected and the journal keeps every frame. Restarted; it resumes from "
+                f"the publisher process (pid {self.pid}) exited with status {code} before the run's end; "
+                "training is not affected and the journal keeps every frame. Restarted; it resumes from "
                 "what each tracker holds (warned once, counted in restarts)",
-                stacklevel=3,
+                stacklevel=4,
             )
-        self._spawn()
+        if self.restarts <= MAX_RESTARTS:
+            self._spawn()
+        elif self.restarts == MAX_RESTARTS + 1:
+            warnings.warn(f"the publisher process died {MAX_RESTARTS} times; not restarted again. The journal "
+                          f"keeps every frame: `{self.command()}` publishes them", stacklevel=4)
 
     def wait(self, timeout: float) -> bool:
         """Wait for the publisher to close the trackers (it does on the journal's end record)."""
@@ -99,10 +109,9 @@ class PublisherProcess:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             return False
-        if self.proc.returncode and self.restarts < 3:
+        if self.proc.returncode and self.restarts < MAX_RESTARTS:
             # It died before the end record: one more, which drains and closes (the end is written).
-            self.restarts += 1
-            self._spawn()
+            self._restart(self.proc.returncode)
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:

@@ -195,7 +195,13 @@ class Publisher:
         if self.in_child:
             from .process import PublisherProcess
 
-            self.process = PublisherProcess(self.journal_path, [s.to_config() for s in self.in_child])  # type: ignore[attr-defined]
+            configs = []
+            for sink in self.in_child:
+                config = dict(sink.to_config())  # type: ignore[attr-defined]
+                if sink.name != type(sink).name:  # two sinks of one kind, told apart by name
+                    config["name"] = sink.name
+                configs.append(config)
+            self.process = PublisherProcess(self.journal_path, configs)
             self.process.start()
         if self.in_process:
             from .follower import follow
