@@ -211,7 +211,20 @@ def held_points(sink: Sink, run_id: str, name: str, keys: Iterable[str]) -> Poin
     """What ``sink``'s target already holds of run ``run_id`` (before ``start``); empty for a sink
     that cannot be read back (every frame is then sent)."""
     held: Callable[[str, str, Iterable[str]], Points] | None = getattr(sink, "held_points", None)
-    return held(run_id, name, keys) if held is not None else collections.Counter()
+    if held is None:
+        return collections.Counter()
+    try:
+        return held(run_id, name, keys)
+    except ImportError:
+        raise  # a requested backend that is not installed is an error
+    except Exception as exc:  # a tracker down at the start: it is sent everything (see below)
+        warnings.warn(
+            f"{sink.name}: could not read back what it already holds of run {run_id} ({type(exc).__name__}: "
+            f"{str(exc)[:200]}); every frame of the journal is sent to it (MLflow ignores a point it holds "
+            "already; a TensorBoard dir that cannot be read would get duplicates)",
+            stacklevel=2,
+        )
+        return collections.Counter()
 
 
 # -- one sink fed from the journal --------------------------------------------------------------------
@@ -370,6 +383,22 @@ def journal_closed(path: Path) -> str | None:
         return None
 
 
+def _step(replica: Replica) -> int:
+    """One replica's step; a bug or a backend error in it stops that replica only (warned once; the
+    others go on, and the journal keeps every frame for `posttrain-metrics export`)."""
+    try:
+        return replica.step()
+    except Exception as exc:
+        replica.closed = True
+        replica.end = replica.end or "failed"
+        if replica.publisher is not None:
+            replica.publisher.failures[replica.sink.name] = replica.publisher.failures.get(replica.sink.name, 0) + 1
+        warnings.warn(f"{replica.sink.name}: publishing stopped ({type(exc).__name__}: {str(exc)[:300]}); the other "
+                      f"trackers go on and the journal keeps every frame for `posttrain-metrics export`",
+                      stacklevel=2)
+        return 0
+
+
 def _parent_gone(parent_pid: int | None) -> bool:
     return parent_pid is not None and os.getppid() != parent_pid
 
@@ -415,7 +444,7 @@ def follow(
     gone_since: float | None = None
     reported_runs = 0
     while True:
-        moved = sum(r.step() for r in replicas)
+        moved = sum(_step(r) for r in replicas)
         now = time.monotonic()
         runs = sum(1 for r in replicas if r.publisher is not None and r.publisher.run is not None)
         if report and (now - last_report > 0.5 or runs != reported_runs):
@@ -423,9 +452,10 @@ def follow(
             write_status(where, snapshot())
         if moved:
             continue
-        ends = {r.end for r in replicas}
-        if len(ends) == 1 and None not in ends:
-            status = ends.pop() or "finished"
+        live = [r for r in replicas if not r.closed]  # a replica that broke is closed already
+        ends = {r.end for r in live}
+        if not live or (len(ends) == 1 and None not in ends):
+            status = (ends.pop() if live else None) or journal_closed(journal) or "finished"
             break
         stopping = stop is not None and stop.is_set()
         done = not follow or stopping or _parent_gone(parent_pid)
@@ -434,7 +464,7 @@ def follow(
             # Nothing more comes. A sink that is not ready (its tracker down, a full backlog) gets a
             # bounded time to take the rest, then is closed: its close says what it could not send.
             gone_since = gone_since or now
-            stuck = [r for r in replicas if r.end is None and not r.ready()]
+            stuck = [r for r in live if r.end is None and not r.ready()]
             if (done and not stuck) or (stuck and now - gone_since > grace):
                 status = closed or next((e for e in ends if e), None) or "killed"
                 break

@@ -74,11 +74,17 @@ def display_frame(frame: Frame, keys: Mapping[str, KeyInfo]) -> Frame:
     """The frame as trackers show it: label indicators added, bools as 0/1; nothing removed."""
     out: dict[str, Scalar] = {}
     for key, value in frame.metrics.items():
-        out[key] = int(value) if isinstance(value, bool) else value
-        info = keys.get(key)
-        if isinstance(value, str) and info is not None:
-            for label in info.metric.labels:
-                out[label_key(key, label)] = int(value == label)
+        t = type(value)
+        if t is float or t is int:
+            out[key] = value
+        elif isinstance(value, bool):
+            out[key] = int(value)
+        else:
+            out[key] = value
+            info = keys.get(key)
+            if isinstance(value, str) and info is not None:
+                for label in info.metric.labels:
+                    out[label_key(key, label)] = int(value == label)
     return Frame(frame.step, out, frame.phase, frame.wall_time)
 
 
@@ -319,7 +325,6 @@ class Publisher:
 
     def _left(self) -> str:
         """What each follower's tracker still lacks, from the publisher's status report."""
-        from .follower import status_path
 
         if self.journal_path is None:
             return ""
@@ -333,7 +338,6 @@ class Publisher:
         """The trackers' own names for this run, per sink, once the publisher has reported them:
         ``{"wandb": {"run_id", "url", "dir"}, "mlflow": {"run_id", "experiment_id", "tracking_uri"},
         "tensorboard": {"log_dir"}}``; inline sinks report theirs directly."""
-        from .follower import status_path
 
         out: dict[str, dict[str, Any]] = {}
         for sink in self.inline:
@@ -356,8 +360,13 @@ class Publisher:
 
     def _for(self, sink: Sink, frame: Frame) -> Frame:
         stores = sink.stores_nonfinite
+        if "nan" in stores and "inf" in stores:
+            return frame  # stores every value as it is (the frame is never mutated)
         metrics: dict[str, Scalar] = {}
         for key, value in frame.metrics.items():
+            if type(value) is not float or value - value == 0.0:  # only a float can be NaN or infinite
+                metrics[key] = value
+                continue
             kind = nonfinite_kind(value)
             if kind is None or kind in stores:
                 metrics[key] = value

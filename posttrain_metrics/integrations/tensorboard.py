@@ -443,6 +443,7 @@ class TensorBoardSink:
         self._described: set[str] = set()
         self._overflow_warned: set[str] = set()
         self._prefix: dict[str, bytes] = {}  # a scalar tag's bytes up to its float
+        self._texts: dict[tuple[str, str], bytes] = {}  # a label's bytes, after the first with its metadata
         self._unflushed = 0
         self._last_step = 0
 
@@ -457,6 +458,7 @@ class TensorBoardSink:
         self._summary = RunSummary(run.keys)
         self._described.clear()
         self._prefix.clear()
+        self._texts.clear()
         self._unflushed = 0
         self._last_step = 0
         self._writer = _EventFile(path, tb)
@@ -489,6 +491,14 @@ class TensorBoardSink:
                     self._overflow(key, float(value))
                     parts.append(prefix + pack(math.copysign(math.inf, value)))
                     continue
+            if isinstance(value, str):  # a label: its bytes are built once per (key, label)
+                text = self._texts.get((key, value))
+                if text is None:
+                    text = self._first_value(key, value, run.keys)
+                    if key in self._described:
+                        self._texts[(key, value)] = self._first_value(key, value, run.keys)
+                parts.append(text)
+                continue
             parts.append(self._first_value(key, value, run.keys))
         body = b"".join(parts)
         wall_time = frame.wall_time or time.time()
