@@ -403,3 +403,23 @@ def test_before_the_process_group_exists_the_launchers_rank_decides(monkeypatch)
     assert global_rank() == 1 and not Publisher.publishes_here()
     monkeypatch.setenv("RANK", "0")
     assert Publisher.publishes_here()
+
+
+def test_the_journal_reads_the_same_with_either_encoder(tmp_path, monkeypatch):
+    """Frame lines go through orjson when it is installed (the training thread's main cost), else
+    json: the same strict JSON, read back to the same frames."""
+    import posttrain_metrics.integrations.journal as journal_module
+
+    frames = [*grpo_run(steps=3), nonfinite_frame(4)]
+    publish(frames, [JournalSink(tmp_path / "fast.jsonl")])
+    monkeypatch.setattr(journal_module, "_orjson", None)
+    publish(frames, [JournalSink(tmp_path / "plain.jsonl")])
+    fast, plain = read_journal(tmp_path / "fast.jsonl"), read_journal(tmp_path / "plain.jsonl")
+    assert len(fast.frames) == len(plain.frames) == len(frames)
+    for a, b, want in zip(fast.frames, plain.frames, frames):
+        assert a.step == b.step == want.step
+        for key, value in want.metrics.items():
+            for got in (a.metrics[key], b.metrics[key]):
+                assert type(got) is type(value) and (got == value or (math.isnan(got) and math.isnan(value))), key
+    for line in (tmp_path / "fast.jsonl").read_text().splitlines():
+        json.loads(line, parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}"))
