@@ -283,3 +283,47 @@ def test_a_run_that_never_closed_exports_as_killed_everywhere(tmp_path: Path, ca
         wandb.teardown()
         run = read_offline_run(folder / "wandb")
         assert run.exit_code == exit_code and run.summary[STATUS_KEY] == tb_status
+
+
+def test_publish_by_hand_finishes_what_a_stopped_publisher_left(tmp_path: Path, monkeypatch, capsys) -> None:
+    """The publisher process never ran (or was stopped): the journal and the sinks file are there,
+    and `posttrain-metrics publish <journal>`, the command close() names, publishes every frame and
+    closes the run with the journal's status; a second run sends nothing."""
+    from posttrain_metrics.integrations import process
+
+    monkeypatch.setattr(process.PublisherProcess, "_spawn", lambda self: None)  # a publisher that never ran
+    journal = tmp_path / "journal.jsonl"
+    pub = Publisher([JournalSink(journal), TensorBoardSink(log_dir=tmp_path / "tensorboard"),
+                     MlflowSink(dir=tmp_path, experiment="by-hand")],
+                    adapters=GRPO_ADAPTERS, run_id="byhand01", run_name="by-hand")
+    assert [s.name for s in pub.in_child] == ["tensorboard", "mlflow"]
+    pub.start({"rl": {"kl_beta": 0.04}})
+    run = frames()
+    for frame in run:
+        pub.publish(frame)
+    pub.close()
+    assert pub.process.command() == f"posttrain-metrics publish {journal}"
+    assert not (tmp_path / "tensorboard").exists()  # nothing published yet
+    assert main(["publish", str(journal)]) == 0
+    said = capsys.readouterr().out
+    assert "run finished" in said and "tensorboard 7 sent" in said and "mlflow 7 sent" in said, said
+    assert tensorboard_series(tmp_path / "tensorboard")["train/loss_avg"][-1][0] == 7
+    series, tags, status = mlflow_series_of(f"sqlite:///{tmp_path / 'mlflow.db'}", "byhand01")
+    assert status == "FINISHED" and [s for s, _ in series["train/loss_avg"]] == list(range(1, 8))
+    assert main(["publish", str(journal)]) == 0
+    again = capsys.readouterr().out
+    assert "tensorboard 0 sent, 7 already there" in again and "mlflow 0 sent, 7 already there" in again, again
+    assert len(tensorboard_series(tmp_path / "tensorboard")["train/loss_avg"]) == 7
+
+
+def mlflow_series_of(uri: str, run_id: str) -> tuple[dict[str, list[tuple[int, float]]], dict[str, str], str]:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    runs = [r for e in client.search_experiments()
+            for r in client.search_runs([e.experiment_id], filter_string=f"tags.`{RUN_ID_TAG}` = '{run_id}'")]
+    assert len(runs) == 1, runs
+    run = runs[0]
+    series = {key: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
+              for key in run.data.metrics}
+    return series, dict(run.data.tags), run.info.status
