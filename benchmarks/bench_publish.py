@@ -364,9 +364,11 @@ DEAD_URI = "http://127.0.0.1:9"  # the discard port: nothing answers
 
 
 def wandb_rows(folder: Path) -> int:
+    """Rows over every offline run file of the case (a restarted publisher writes a second one)."""
     from posttrain_metrics.integrations.wandb_reader import read_offline_run
 
-    return sum(1 for row in read_offline_run(folder).history if PROBE_KEY in row)
+    return sum(1 for file in folder.rglob("run-*.wandb") for row in read_offline_run(file).history
+               if PROBE_KEY in row)
 
 
 # -- report -------------------------------------------------------------------------------------------

@@ -125,7 +125,9 @@ def cmd_publish(args: argparse.Namespace) -> int:
         done = ", ".join(f"{name} {info['written']} sent, {info['already_held']} already there"
                          for name, info in result["sinks"].items())
         print(f"published {journal} (run {result['status']}): {done}")
-    return 1 if result.get("failures") else 0
+    # Following, the run ended: a tracker's failures are in the status report, and the trainer must
+    # not take a non-zero exit for a publisher that died (it would restart it). By hand: exit 1.
+    return 1 if result.get("failures") and not args.follow else 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
