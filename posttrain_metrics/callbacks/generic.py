@@ -43,7 +43,8 @@ class MetricsCallback:
     0 starts and writes them. ``publisher`` says where the trackers are written: ``"process"`` (the
     default: a publisher process tails the journal; the training thread writes only the journal and
     console lines), ``"thread"`` (the same, on a thread of this process) or ``"inline"``; ``close``
-    waits up to ``close_timeout`` seconds for it (see :class:`~posttrain_metrics.integrations.Publisher`). Use as a context manager, or call ``on_run_end`` in a ``finally``:
+    waits up to ``close_timeout`` seconds for it (see :class:`~posttrain_metrics.integrations.Publisher`).
+    ``imports`` names modules that register your own adapters, for the publisher process to import. Use as a context manager, or call ``on_run_end`` in a ``finally``:
     it is idempotent and also runs at interpreter exit.
     """
 
@@ -58,6 +59,7 @@ class MetricsCallback:
         group: Any = None,
         publisher: str = "process",
         close_timeout: float = 120.0,
+        imports: Sequence[str] = (),
     ) -> None:
         adapters, sinks = plain(adapters), plain(sinks)
         if not isinstance(sinks, list):
@@ -66,7 +68,7 @@ class MetricsCallback:
         name = safe_name(run_name) if run_name else None
         built = [build_sink(spec, out_dir=self.out_dir) for spec in sinks]
         self.publisher = Publisher(built, adapters=adapters, run_name=name, run_id=run_id, mode=publisher,
-                                   close_timeout=close_timeout)
+                                   close_timeout=close_timeout, imports=plain(imports))
         # One reducer per phase, over the adapters that publish it: the reward report and the
         # validation adapter both take bare source names (reward_std) but never share a phase.
         self._reducers = {
@@ -151,7 +153,7 @@ def build_callback(config: Mapping[str, Any]) -> MetricsCallback:
     if target not in (None, "posttrain_metrics.callbacks.MetricsCallback",
                       "posttrain_metrics.callbacks.generic.MetricsCallback"):
         raise MetricsError(f"_target_ {target!r} is not posttrain_metrics.callbacks.MetricsCallback")
-    allowed = {"adapters", "sinks", "out_dir", "run_name", "run_id", "publisher", "close_timeout"}
+    allowed = {"adapters", "sinks", "out_dir", "run_name", "run_id", "publisher", "close_timeout", "imports"}
     unknown = sorted(set(options) - allowed)
     if unknown:
         raise MetricsError(f"unknown callback option(s) {unknown}; it takes {sorted(allowed)}")

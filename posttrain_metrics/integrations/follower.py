@@ -233,8 +233,10 @@ def held_points(sink: Sink, run_id: str, name: str, keys: Iterable[str]) -> Poin
 class Replica:
     """One sink fed from the journal at ``path``, from its own offset, in batches."""
 
-    def __init__(self, path: Path, sink: Sink, *, batch: int = 512, lazy: bool = False) -> None:
+    def __init__(self, path: Path, sink: Sink, *, batch: int = 512, lazy: bool = False,
+                 adapters: Sequence[Any] | None = None) -> None:
         self.path = path
+        self.adapters = adapters  # the run's adapter objects (in process); else by name from the header
         self.lazy = lazy  # start the sink at the first frame it lacks, not at the header
         self.sink = sink
         self.batch = batch
@@ -271,6 +273,8 @@ class Replica:
                 self.end = None
                 if self.publisher is None:
                     raise MetricsError(f"{self.path}: a frame before the journal header")
+                if not record.frame.metrics:
+                    continue  # an empty window: the journal's alone (the trainer warned about it)
                 if self.pending is None or self.pending(record.frame):
                     if self.publisher.run is None:
                         self._start_sink()
@@ -291,7 +295,8 @@ class Replica:
         """The run's publisher and what the target already holds (read back before anything is sent)."""
         self.header = header
         run_id = str(header.get("run_id", ""))
-        pub = Publisher([self.sink], adapters=list(header.get("adapters", [])), run_id=run_id,
+        adapters = list(self.adapters) if self.adapters is not None else list(header.get("adapters", []))
+        pub = Publisher([self.sink], adapters=adapters, run_id=run_id,
                         run_name=str(header.get("name") or "") or None, mode="inline")
         numeric = sorted(k for k, info in pub.keys.items() if not info.metric.labels) + sorted(
             f"{k}/{label}" for k, info in pub.keys.items() for label in info.metric.labels)
@@ -414,6 +419,7 @@ def follow(
     batch: int = 512,
     report: bool = True,
     grace: float = 10.0,
+    adapters: Sequence[Any] | None = None,
 ) -> dict[str, Any]:
     """Feed ``sinks`` from the journal at ``path`` until the run ends; returns the final status.
 
@@ -425,7 +431,7 @@ def follow(
     Progress and the trackers' run ids go to :func:`status_path` when ``report``.
     """
     journal = Path(path)
-    replicas = [Replica(journal, sink, batch=batch) for sink in sinks]
+    replicas = [Replica(journal, sink, batch=batch, adapters=adapters) for sink in sinks]
     where = status_path(journal)
     started = time.time()
     last_report = 0.0

@@ -36,8 +36,10 @@ def sinks_path(journal: Path) -> Path:
 class PublisherProcess:
     """One publisher process for the journal at ``journal`` and the sinks ``configs``."""
 
-    def __init__(self, journal: Path, configs: Sequence[Mapping[str, Any]], *, check_every: float = 1.0) -> None:
+    def __init__(self, journal: Path, configs: Sequence[Mapping[str, Any]], *, check_every: float = 1.0,
+                 imports: Sequence[str] = ()) -> None:
         self.journal = journal
+        self.imports = tuple(imports)  # modules that register the run's own adapters
         self.configs = [dict(c) for c in configs]
         self.check_every = check_every
         self.proc: subprocess.Popen[bytes] | None = None
@@ -55,7 +57,8 @@ class PublisherProcess:
 
     def command(self) -> str:
         """The command that finishes publishing this journal by hand."""
-        return f"posttrain-metrics publish {shlex.quote(str(self.journal))}"
+        imports = "".join(f"--import {shlex.quote(m)} " for m in self.imports)
+        return f"posttrain-metrics {imports}publish {shlex.quote(str(self.journal))}"
 
     def start(self) -> None:
         path = sinks_path(self.journal)
@@ -68,7 +71,8 @@ class PublisherProcess:
         self._spawn()
 
     def _spawn(self) -> None:
-        cmd = [sys.executable, "-m", "posttrain_metrics.cli", "publish", str(self.journal), "--follow",
+        imports = [arg for module in self.imports for arg in ("--import", module)]
+        cmd = [sys.executable, "-m", "posttrain_metrics.cli", *imports, "publish", str(self.journal), "--follow",
                "--parent-pid", str(os.getpid())]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      start_new_session=True)

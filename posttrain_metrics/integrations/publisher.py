@@ -105,6 +105,7 @@ class Publisher:
         run_id: str | None = None,
         mode: str = "process",
         close_timeout: float = 120.0,
+        imports: Sequence[str] = (),
         background: bool | None = None,
     ) -> None:
         self.sinks = sorted(sinks, key=lambda s: s.name != "journal")  # the journal first
@@ -150,6 +151,21 @@ class Publisher:
         self.inline: list[Sink] = []
         self.in_process: list[Sink] = []  # fed by the follower thread
         self.in_child: list[Sink] = []  # fed by the publisher process
+        from ..core.catalog import BUILTIN
+
+        builtin = {id(a) for a in BUILTIN}
+        own = [a.name for a in self.adapters if id(a) not in builtin]
+        self.imports = tuple(imports)
+        if mode == "process" and own and not self.imports:
+            # A fresh publisher process knows the catalogue, not adapters registered in this one.
+            warnings.warn(
+                f"adapter(s) {own} are registered in this process only, so the trackers are fed by a thread of "
+                "this process instead of the publisher process; fix: register them in a module and pass "
+                "imports=['that.module'] (the publisher imports it first)",
+                stacklevel=2,
+            )
+            mode = "thread"
+            self.mode = mode
         for sink in self.sinks:
             if mode == "inline" or getattr(sink, "inline", False):
                 self.inline.append(sink)
@@ -207,17 +223,18 @@ class Publisher:
                 if sink.name != type(sink).name:  # two sinks of one kind, told apart by name
                     config["name"] = sink.name
                 configs.append(config)
-            self.process = PublisherProcess(self.journal_path, configs)
+            self.process = PublisherProcess(self.journal_path, configs, imports=self.imports)
             self.process.start()
         if self.in_process:
             from .follower import follow
 
-            path, sinks = self.journal_path, list(self.in_process)
+            path, sinks, adapters = self.journal_path, list(self.in_process), list(self.adapters)
             report = not self.in_child  # the process reports when there is one
 
             def run() -> None:
                 try:
-                    self._thread_result.update(follow(path, sinks, stop=self._stop, report=report))
+                    self._thread_result.update(follow(path, sinks, stop=self._stop, report=report,
+                                                      adapters=adapters))
                 except Exception as exc:  # a follower bug never stops training: the journal has all
                     warnings.warn(f"the in-process publisher stopped: {type(exc).__name__}: {exc}; the journal "
                                   f"keeps every frame: `posttrain-metrics export {path} --to ...`", stacklevel=1)
