@@ -308,7 +308,7 @@ def test_publish_by_hand_finishes_what_a_stopped_publisher_left(tmp_path: Path, 
     said = capsys.readouterr().out
     assert "run finished" in said and "tensorboard 7 sent" in said and "mlflow 7 sent" in said, said
     assert tensorboard_series(tmp_path / "tensorboard")["train/loss_avg"][-1][0] == 7
-    series, tags, status = mlflow_series_of(f"sqlite:///{tmp_path / 'mlflow.db'}", "byhand01")
+    series, _tags, status = mlflow_series_of(f"sqlite:///{tmp_path / 'mlflow.db'}", "byhand01")
     assert status == "FINISHED" and [s for s, _ in series["train/loss_avg"]] == list(range(1, 8))
     assert main(["publish", str(journal)]) == 0
     again = capsys.readouterr().out
