@@ -58,7 +58,7 @@ class MetricsCallback:
         run_id: str | None = None,
         group: Any = None,
         publisher: str = "process",
-        close_timeout: float = 120.0,
+        close_timeout: float = 300.0,
         imports: Sequence[str] = (),
     ) -> None:
         adapters, sinks = plain(adapters), plain(sinks)

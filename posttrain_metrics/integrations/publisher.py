@@ -104,7 +104,7 @@ class Publisher:
         run_name: str | None = None,
         run_id: str | None = None,
         mode: str = "process",
-        close_timeout: float = 120.0,
+        close_timeout: float = 300.0,
         imports: Sequence[str] = (),
         background: bool | None = None,
     ) -> None:
