@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import os
 import json
 import sys
 import warnings
@@ -109,6 +111,11 @@ def cmd_publish(args: argparse.Namespace) -> int:
         raise MetricsError(f"{spec}: not a sinks file ({exc!r:.100}); fix: use export --to KIND") from None
     if not args.follow and not journal.is_file():
         raise MetricsError(f"journal {journal} does not exist or is not a file; fix: pass the path of a journal.jsonl")
+    if args.parent_pid is not None and hasattr(os, "nice"):
+        # Started by a trainer: the trackers can lag (the journal holds every frame), the training
+        # step cannot; on a busy machine the scheduler serves the trainer first.
+        with contextlib.suppress(OSError):
+            os.nice(10)
     sinks = []
     for config in configs:
         options = dict(config)
