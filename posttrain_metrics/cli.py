@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
-import os
 import json
+import os
 import sys
 import warnings
 from collections.abc import Sequence
