@@ -1,13 +1,17 @@
-"""The ``posttrain-metrics`` command line: demo, export, doctor, plot, keys."""
+"""The ``posttrain-metrics`` command line: demo, export, publish, doctor, plot, keys."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import json
+import os
 import sys
 import traceback
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 
 from .core.catalog import adapter_names, get_adapter
 from .core.errors import MetricsError
@@ -111,6 +115,51 @@ def cmd_export(args: argparse.Namespace) -> int:
     return int(export(load_journal(args.journal), kind, rest[0] if rest else None, quiet=args.quiet))
 
 
+def cmd_publish(args: argparse.Namespace) -> int:
+    from .integrations.factory import build_sink
+    from .integrations.follower import follow
+    from .integrations.process import sinks_path
+
+    journal = Path(args.journal)
+    spec = sinks_path(journal)
+    try:
+        configs = json.loads(spec.read_text())["sinks"]
+    except FileNotFoundError:
+        raise MetricsError(
+            f"{spec} does not exist: it lists the trackers a run publishes to, and the training process writes "
+            f"it at the start of the run; fix: `posttrain-metrics export {journal} --to KIND [TARGET]` replays "
+            "a journal into one tracker you name"
+        ) from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise MetricsError(f"{spec}: not a sinks file ({exc!r:.100}); fix: use export --to KIND") from None
+    if not args.follow and not journal.is_file():
+        raise MetricsError(f"journal {journal} does not exist or is not a file; fix: pass the path of a journal.jsonl")
+    if args.parent_pid is not None and hasattr(os, "nice"):
+        # Started by a trainer: the trackers can lag (the journal holds every frame), the training
+        # step cannot; on a busy machine the scheduler serves the trainer first.
+        with contextlib.suppress(OSError):
+            os.nice(10)
+    sinks = []
+    for config in configs:
+        options = dict(config)
+        name = options.pop("name", None)  # two sinks of one kind, told apart by name
+        sink = build_sink(options)
+        if name is not None:
+            sink.name = str(name)
+        sinks.append(sink)
+    with warnings.catch_warnings():
+        if args.quiet:
+            warnings.simplefilter("ignore")
+        result = follow(journal, sinks, follow=args.follow, parent_pid=args.parent_pid)
+    if not args.quiet:
+        done = ", ".join(f"{name} {info['written']} sent, {info['already_held']} already there"
+                         for name, info in result["sinks"].items())
+        print(f"published {journal} (run {result['status']}): {done}")
+    # Following, the run ended: a tracker's failures are in the status report, and the trainer must
+    # not take a non-zero exit for a publisher that died (it would restart it). By hand: exit 1.
+    return 1 if result.get("failures") and not args.follow else 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo.main import run_demo
 
@@ -137,7 +186,7 @@ def _error(command: str, text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="posttrain-metrics",
-        description="Exact post-training metrics: run the demo, replay journals into trackers, "
+        description="Exact post-training metrics: run the demo, replay journals into trackers, publish a run, "
         "check a run's health, plot it, list the metric catalogue.",
     )
     parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
@@ -161,6 +210,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "defaults to the journal's folder (where the live sinks wrote)")
     export.add_argument("--quiet", action="store_true", help="no progress bar")
     export.set_defaults(func=cmd_export)
+
+    publish = sub.add_parser("publish", help="feed a run's trackers from its journal (what the publisher "
+                             "process runs; by hand, it finishes what a stopped publisher left)")
+    publish.add_argument("journal", help="path of a journal.jsonl (its trackers are in <journal>.sinks.json)")
+    publish.add_argument("--follow", action="store_true",
+                         help="tail the journal until the run's end record (or until --parent-pid is gone)")
+    publish.add_argument("--parent-pid", type=int, default=None, metavar="PID",
+                         help="the trainer's pid: when it is gone, drain the journal and mark the run killed")
+    publish.add_argument("--quiet", action="store_true", help="no summary line, no warnings")
+    publish.set_defaults(func=cmd_publish)
 
     doctor = sub.add_parser("doctor", help="health report of a run from its journal")
     doctor.add_argument("journal")

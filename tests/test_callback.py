@@ -97,3 +97,30 @@ def test_memory_sink_and_exception_unwinding_marks_failure(tmp_path):
 def test_bad_configs_fail_at_construction(tmp_path, config, message):
     with pytest.raises(MetricsError, match=message):
         build_callback({**config, "out_dir": str(tmp_path)})
+
+
+@pytest.mark.parametrize("publisher", ["process", "thread"])
+def test_the_callback_reports_the_trackers_run_handles(tmp_path, publisher):
+    """Once the publisher has started the trackers, the callback names their runs: the TensorBoard
+    log dir and the MLflow run (which holds the run's steps: the handle is the real one)."""
+    import time
+
+    from mlflow.tracking import MlflowClient
+
+    cb = MetricsCallback(adapters=["grpo", "reward", "trainer"], out_dir=tmp_path, publisher=publisher,
+                         sinks=[{"type": "journal"}, {"type": "tensorboard"}, {"type": "mlflow"}])
+    assert cb.run_handles == {}  # nothing started yet
+    cb.on_run_start({})
+    deadline = time.monotonic() + 120
+    while not {"tensorboard", "mlflow"} <= set(cb.run_handles) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    handles = cb.run_handles
+    assert handles["tensorboard"]["log_dir"] == str((tmp_path / "tensorboard").resolve())
+    rng = random.Random(1)
+    with cb:
+        for step in range(1, 4):
+            cb.on_chunk_end(grpo_chunk(rng, step, last=True))
+            cb.on_window_end(step)
+    run = MlflowClient(handles["mlflow"]["tracking_uri"]).get_run(handles["mlflow"]["run_id"])
+    assert run.info.status == "FINISHED" and run.data.metrics["train/loss_avg"] is not None
+    assert handles["mlflow"]["tracking_uri"] == f"sqlite:///{(tmp_path / 'mlflow.db').resolve()}"

@@ -7,6 +7,8 @@ are read back with each vendor's own client.
 
 from __future__ import annotations
 
+import atexit
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -225,3 +227,103 @@ def test_an_export_into_mlflow_larger_than_the_sinks_live_backlog_loses_nothing(
     client = MlflowClient(tracking_uri=uri)
     (run,) = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
     assert len(client.get_metric_history(run.info.run_id, "train/loss_avg")) == 1300
+
+
+def test_a_run_that_never_closed_exports_as_killed_everywhere(tmp_path: Path, capsys) -> None:
+    """A journal with no end record (the trainer was killed) is exported with status KILLED, as the
+    doctor reports it, and a closed one keeps its status: MLflow's run status, TensorBoard's hparams
+    session (failure, and the status hparam) and W&B's exit code and summary."""
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing import event_accumulator as ea
+    from tensorboard.plugins.hparams import api_pb2
+    from tensorboard.plugins.hparams import metadata as hparams_metadata
+
+    from posttrain_metrics.integrations.tensorboard import STATUS_HPARAM
+    from posttrain_metrics.integrations.wandb import STATUS_KEY
+
+    def journal_of(folder: Path, run_id: str, close: str | None) -> Path:
+        sink = JournalSink(folder / "journal.jsonl")
+        pub = Publisher([sink], adapters=GRPO_ADAPTERS, run_id=run_id, mode="inline")
+        pub.start({"rl": {"kl_beta": 0.04}})
+        for frame in grpo_run(steps=3):
+            pub.publish(frame)
+        if close is not None:
+            pub.close(failed=close == "failed")
+        else:  # the process died: no end record
+            atexit.unregister(pub._at_exit)
+            sink._file.close()  # type: ignore[union-attr]
+        return folder / "journal.jsonl"
+
+    for close, mlflow_status, tb_status, exit_code in ((None, "KILLED", "killed", 137),
+                                                       ("finished", "FINISHED", "finished", 0),
+                                                       ("failed", "FAILED", "failed", 1)):
+        folder = tmp_path / str(close)
+        folder.mkdir()
+        run_id = f"never-closed-{close}"
+        journal = journal_of(folder, run_id, close)
+        assert (read_journal(journal).end is None) == (close is None)
+        main(["doctor", str(journal), "--json"])
+        said = json.loads(capsys.readouterr().out)["run"]["status"]
+        assert said == (close or "no end record")  # what the doctor says the trackers must say too
+        for kind in ("mlflow", "tensorboard", "wandb"):
+            export(journal, kind, capsys=capsys)
+        client = MlflowClient(f"sqlite:///{folder / 'mlflow.db'}")
+        runs = [r for e in client.search_experiments()
+                for r in client.search_runs([e.experiment_id], filter_string=f"tags.`{RUN_ID_TAG}` = '{run_id}'")]
+        assert [r.info.status for r in runs] == [mlflow_status]
+        acc = ea.EventAccumulator(str(folder / "tensorboard" / "hparams"))
+        acc.Reload()
+        content = acc.PluginTagToContent(hparams_metadata.PLUGIN_NAME)
+        start = hparams_metadata.parse_session_start_info_plugin_data(content[hparams_metadata.SESSION_START_INFO_TAG])
+        end = hparams_metadata.parse_session_end_info_plugin_data(content[hparams_metadata.SESSION_END_INFO_TAG])
+        assert start.hparams[STATUS_HPARAM].string_value == tb_status
+        assert end.status == (api_pb2.STATUS_SUCCESS if close == "finished" else api_pb2.STATUS_FAILURE)
+        import wandb
+
+        wandb.teardown()
+        run = read_offline_run(folder / "wandb")
+        assert run.exit_code == exit_code and run.summary[STATUS_KEY] == tb_status
+
+
+def test_publish_by_hand_finishes_what_a_stopped_publisher_left(tmp_path: Path, monkeypatch, capsys) -> None:
+    """The publisher process never ran (or was stopped): the journal and the sinks file are there,
+    and `posttrain-metrics publish <journal>`, the command close() names, publishes every frame and
+    closes the run with the journal's status; a second run sends nothing."""
+    from posttrain_metrics.integrations import process
+
+    monkeypatch.setattr(process.PublisherProcess, "_spawn", lambda self: None)  # a publisher that never ran
+    journal = tmp_path / "journal.jsonl"
+    pub = Publisher([JournalSink(journal), TensorBoardSink(log_dir=tmp_path / "tensorboard"),
+                     MlflowSink(dir=tmp_path, experiment="by-hand")],
+                    adapters=GRPO_ADAPTERS, run_id="byhand01", run_name="by-hand")
+    assert [s.name for s in pub.in_child] == ["tensorboard", "mlflow"]
+    pub.start({"rl": {"kl_beta": 0.04}})
+    run = frames()
+    for frame in run:
+        pub.publish(frame)
+    pub.close()
+    assert pub.process.command() == f"posttrain-metrics publish {journal}"
+    assert not (tmp_path / "tensorboard").exists()  # nothing published yet
+    assert main(["publish", str(journal)]) == 0
+    said = capsys.readouterr().out
+    assert "run finished" in said and "tensorboard 7 sent" in said and "mlflow 7 sent" in said, said
+    assert tensorboard_series(tmp_path / "tensorboard")["train/loss_avg"][-1][0] == 7
+    series, _tags, status = mlflow_series_of(f"sqlite:///{tmp_path / 'mlflow.db'}", "byhand01")
+    assert status == "FINISHED" and [s for s, _ in series["train/loss_avg"]] == list(range(1, 8))
+    assert main(["publish", str(journal)]) == 0
+    again = capsys.readouterr().out
+    assert "tensorboard 0 sent, 7 already there" in again and "mlflow 0 sent, 7 already there" in again, again
+    assert len(tensorboard_series(tmp_path / "tensorboard")["train/loss_avg"]) == 7
+
+
+def mlflow_series_of(uri: str, run_id: str) -> tuple[dict[str, list[tuple[int, float]]], dict[str, str], str]:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    runs = [r for e in client.search_experiments()
+            for r in client.search_runs([e.experiment_id], filter_string=f"tags.`{RUN_ID_TAG}` = '{run_id}'")]
+    assert len(runs) == 1, runs
+    run = runs[0]
+    series = {key: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
+              for key in run.data.metrics}
+    return series, dict(run.data.tags), run.info.status

@@ -224,7 +224,7 @@ def test_journal_holds_no_secret(tmp_path):
     assert "hunter2-PLANTED" not in (tmp_path / "j.jsonl").read_text()
 
 
-def test_background_sinks_never_hold_the_step_and_drop_oldest_when_full(tmp_path):
+def test_a_hung_sink_never_holds_the_step_and_loses_nothing(tmp_path):
     import threading
 
     gate, entered = threading.Event(), threading.Event()
@@ -239,23 +239,21 @@ def test_background_sinks_never_hold_the_step_and_drop_oldest_when_full(tmp_path
             super().write(frame)
 
     slow = Slow()
-    pub = Publisher([JournalSink(tmp_path / "j.jsonl"), slow], adapters=GRPO_ADAPTERS, queue_size=3)
+    pub = Publisher([JournalSink(tmp_path / "j.jsonl"), slow], adapters=GRPO_ADAPTERS, mode="thread")
     pub.start({})
     frames = grpo_run(steps=8)
     pub.publish(frames[0])
     assert entered.wait(60)  # the sink now hangs inside its first write
-    with pytest.warns(UserWarning, match="dropping its oldest frames"):
-        for frame in frames[1:]:
-            pub.publish(frame)
+    for frame in frames[1:]:
+        pub.publish(frame)
     # ordering, not a stopwatch: all 8 steps returned while the sink still hung in its first write
     assert released == [] and slow.frames == []
     assert len(read_journal(tmp_path / "j.jsonl").frames) == 8  # the journal has every frame
     gate.set()
     pub.close()
-    # one frame was in the sink's hands when it hung, 3 fit the queue, the rest were the oldest
-    assert pub.dropped == {"slow": 4}
-    assert [f.step for f in slow.frames] == [1, 6, 7, 8]
-    assert released == [True, True, True, True]  # the first write was released by the test, not a timeout
+    # the journal is the queue: the sink gets every frame, in order, once
+    assert [f.step for f in slow.frames] == list(range(1, 9))
+    assert released[0] is True  # the first write was released by the test, not a timeout
     assert slow.closed is False
 
 
@@ -274,7 +272,8 @@ def test_close_waits_for_background_sinks_to_drain(tmp_path):
     assert [f.step for f in sink.frames] == list(range(1, 11)) and sink.closed is False
 
 
-def test_a_sink_whose_start_fails_is_skipped_and_the_journal_keeps_everything(tmp_path):
+@pytest.mark.parametrize("mode", ["inline", "thread"])
+def test_a_sink_whose_start_fails_is_skipped_and_the_journal_keeps_everything(tmp_path, mode):
     class Unreachable(MemorySink):
         name = "unreachable"
 
@@ -283,7 +282,11 @@ def test_a_sink_whose_start_fails_is_skipped_and_the_journal_keeps_everything(tm
 
     sink = Unreachable()
     with pytest.warns(UserWarning, match="failed in start"):
-        pub = publish(grpo_run(steps=4), [sink, JournalSink(tmp_path / "j.jsonl")])
+        pub = Publisher([sink, JournalSink(tmp_path / "j.jsonl")], adapters=GRPO_ADAPTERS, mode=mode)
+        pub.start({})
+        for frame in grpo_run(steps=4):
+            pub.publish(frame)
+        pub.close()
     assert pub.unstarted == {"unreachable"} and pub.failures == {"unreachable": 1}  # one failure, not one per step
     assert sink.frames == [] and len(read_journal(tmp_path / "j.jsonl").frames) == 4
 
@@ -429,3 +432,23 @@ def test_before_the_process_group_exists_the_launchers_rank_decides(monkeypatch)
     assert global_rank() == 1 and not Publisher.publishes_here()
     monkeypatch.setenv("RANK", "0")
     assert Publisher.publishes_here()
+
+
+def test_the_journal_reads_the_same_with_either_encoder(tmp_path, monkeypatch):
+    """Frame lines go through orjson when it is installed (the training thread's main cost), else
+    json: the same strict JSON, read back to the same frames."""
+    import posttrain_metrics.integrations.journal as journal_module
+
+    frames = [*grpo_run(steps=3), nonfinite_frame(4)]
+    publish(frames, [JournalSink(tmp_path / "fast.jsonl")])
+    monkeypatch.setattr(journal_module, "_orjson", None)
+    publish(frames, [JournalSink(tmp_path / "plain.jsonl")])
+    fast, plain = read_journal(tmp_path / "fast.jsonl"), read_journal(tmp_path / "plain.jsonl")
+    assert len(fast.frames) == len(plain.frames) == len(frames)
+    for a, b, want in zip(fast.frames, plain.frames, frames):
+        assert a.step == b.step == want.step
+        for key, value in want.metrics.items():
+            for got in (a.metrics[key], b.metrics[key]):
+                assert type(got) is type(value) and (got == value or (math.isnan(got) and math.isnan(value))), key
+    for line in (tmp_path / "fast.jsonl").read_text().splitlines():
+        json.loads(line, parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}"))

@@ -41,8 +41,13 @@ class MetricsCallback:
     ``adapters`` names the catalogue adapters (``["grpo", "reward", "trainer"]``); ``sinks`` are
     sink objects or configs (``{"type": "tensorboard"}``); file-backed sinks write under
     ``out_dir``. Sinks are constructed on every rank (constructors do no I/O) but only global rank
-    0 starts and writes them. Use as a context manager, or call ``on_run_end`` in a ``finally``:
-    it is idempotent and also runs at interpreter exit. Under a launcher that started several ranks
+    0 starts and writes them. ``publisher`` says where the trackers are written: ``"process"`` (the
+    default: a publisher process tails the journal; the training thread writes only the journal and
+    console lines), ``"thread"`` (the same, on a thread of this process) or ``"inline"``; ``close``
+    waits up to ``close_timeout`` seconds for it (see :class:`~posttrain_metrics.integrations.Publisher`).
+    ``imports`` names modules that register your own adapters, for the publisher process to import.
+    Use as a context manager, or call ``on_run_end`` in a ``finally``: it is idempotent and also runs
+    at interpreter exit. Under a launcher that started several ranks
     (``WORLD_SIZE`` > 1), reduce refuses until torch.distributed is initialised, unless ``local=True``
     says that a per-rank local reduction is deliberate.
     """
@@ -57,13 +62,17 @@ class MetricsCallback:
         run_id: str | None = None,
         group: Any = None,
         local: bool = False,
+        publisher: str = "process",
+        close_timeout: float = 300.0,
+        imports: Sequence[str] = (),
     ) -> None:
         adapters, sinks = plain(adapters), plain(sinks)
         check_callback(adapters=adapters, sinks=sinks, out_dir=out_dir, run_name=run_name)
         self.out_dir = Path(out_dir) if out_dir is not None else None
         name = safe_name(run_name) if run_name else None
         built = [build_sink(spec, out_dir=self.out_dir) for spec in sinks]
-        self.publisher = Publisher(built, adapters=adapters, run_name=name, run_id=run_id)
+        self.publisher = Publisher(built, adapters=adapters, run_name=name, run_id=run_id, mode=publisher,
+                                   close_timeout=close_timeout, imports=plain(imports))
         # One reducer per phase, over the adapters that publish it: the reward report and the
         # validation adapter both take bare source names (reward_std) but never share a phase.
         self._reducers = {
@@ -77,6 +86,15 @@ class MetricsCallback:
     @property
     def sinks(self) -> list[Sink]:
         return list(self.publisher.sinks)
+
+    @property
+    def run_handles(self) -> dict[str, dict[str, Any]]:
+        """The trackers' own names for this run, once the publisher has started them (rank 0):
+        ``{"wandb": {"run_id", "url", ...}, "mlflow": {"run_id", "experiment_id", "tracking_uri"},
+        "tensorboard": {"log_dir"}}``. Attach your own logging to the same runs with them, e.g.
+        ``MlflowClient(h["tracking_uri"]).log_artifact(h["run_id"], path)``. Empty until reported
+        (the publisher process reports within a second of starting each tracker)."""
+        return self.publisher.run_handles()
 
     def on_run_start(self, config: Mapping[str, Any] | None = None) -> None:
         """Start the sinks (rank 0) with the run's config, flattened and redacted."""
@@ -145,7 +163,8 @@ def build_callback(config: Mapping[str, Any]) -> MetricsCallback:
     if target not in (None, "posttrain_metrics.callbacks.MetricsCallback",
                       "posttrain_metrics.callbacks.generic.MetricsCallback"):
         raise MetricsError(f"_target_ {target!r} is not posttrain_metrics.callbacks.MetricsCallback")
-    allowed = {"adapters", "sinks", "out_dir", "run_name", "run_id", "local"}
+    allowed = {"adapters", "sinks", "out_dir", "run_name", "run_id", "local", "publisher", "close_timeout",
+               "imports"}
     unknown = sorted(set(options) - allowed)
     if unknown:
         raise MetricsError(f"unknown callback option(s) {unknown}; it takes {sorted(allowed)}")

@@ -30,51 +30,71 @@ class RunSummary:
         self._labels: dict[str, dict[str, int]] = {}
         self.nonfinite: dict[str, int] = {}
         self._kind: dict[str, int] = {}  # widest type seen: 0 bool, 1 int, 2 float
+        self._plans: dict[str, tuple[int, str, str]] = {}  # key -> (what to do, weight key, mean key)
         self.frames = 0
 
+    def _plan(self, key: str) -> tuple[int, str, str]:
+        info = self.keys.get(key)
+        if info is None:
+            return (_SKIP, "", "")
+        return (_CODES[info.reduction], info.weight_key or "", info.mean_key or "")
+
     def add(self, frame: Frame) -> None:
+        """Fold one frame: O(keys) with one small plan per key, computed the first time it is seen."""
         self.frames += 1
         m = frame.metrics
+        plans, acc_of, last, kinds = self._plans, self._acc, self._last, self._kind
         for key, value in m.items():
-            info = self.keys.get(key)
-            if info is None:
+            plan = plans.get(key)
+            if plan is None:
+                plan = plans[key] = self._plan(key)
+            code = plan[0]
+            if code == _SKIP:
                 continue
-            if isinstance(value, str):
+            t = type(value)
+            if t is str:
+                label: str = value  # type: ignore[assignment]
                 counts = self._labels.setdefault(key, {})
-                counts[value] = counts.get(value, 0) + 1
+                counts[label] = counts.get(label, 0) + 1
                 continue
-            self._last[key] = value
-            self._kind[key] = max(self._kind.get(key, 0), 0 if isinstance(value, bool) else 1 if isinstance(value, int) else 2)
+            last[key] = value
+            kind = 2 if t is float else 1 if t is int else 0 if t is bool else _kind_of(value)
+            if kind > kinds.get(key, -1):
+                kinds[key] = kind
             v = float(value)
-            r = info.reduction
-            if not math.isfinite(v):
+            if v - v != 0.0:  # NaN or an infinity
                 self.nonfinite[key] = self.nonfinite.get(key, 0) + 1
                 # NaN compares with nothing; an infinite maximum (minimum) is still the run's
-                if math.isnan(v) or r not in (Reduction.MAX, Reduction.MIN):
+                if v != v or code not in (_MAX, _MIN):
                     continue
-            acc = self._acc.setdefault(key, [0.0, 0.0])
-            if r is Reduction.WEIGHTED_MEAN:
-                w = _number(m.get(info.weight_key or ""))
+            acc = acc_of.get(key)
+            if acc is None:
+                acc = acc_of[key] = [0.0, 0.0, 0.0]
+            if code == _WEIGHTED:
+                w = _number(m.get(plan[1]))
                 acc[0] += v * w
                 acc[1] += w
-            elif r is Reduction.SUM:
+            elif code == _SUM:
                 acc[0] += v
-            elif r is Reduction.MAX:
+            elif code == _MAX:
                 acc[0] = v if acc[1] == 0 else max(acc[0], v)
                 acc[1] = 1.0
-            elif r is Reduction.MIN:
+            elif code == _MIN:
                 acc[0] = v if acc[1] == 0 else min(acc[0], v)
                 acc[1] = 1.0
-            elif r is Reduction.POOLED_STD:
-                n = _number(m.get(info.weight_key or ""), default=1.0)
-                mean = _number(m.get(info.mean_key or ""))
-                acc.extend([0.0] * (3 - len(acc)))
+            elif code == _POOLED:
+                n = _number(m.get(plan[1]), default=1.0)
+                mean = _number(m.get(plan[2]))
                 acc[0] += n
                 acc[1] += n * mean
                 acc[2] += n * (v * v + mean * mean)
             else:  # MEAN over frames (a compensated sum: a constant averages to itself); LAST keeps the last
-                acc.extend([0.0] * (3 - len(acc)))
-                _add(acc, v)
+                total = acc[0] + v  # Neumaier's compensated acc[0] += v, the running error in acc[2]
+                if abs(acc[0]) >= abs(v):
+                    acc[2] += (acc[0] - total) + v
+                else:
+                    acc[2] += (v - total) + acc[0]
+                acc[0] = total
                 acc[1] += 1.0
 
     def values(self) -> dict[str, Scalar]:
@@ -106,17 +126,21 @@ class RunSummary:
         return out
 
 
-def _add(acc: list[float], value: float) -> None:
-    """Neumaier's compensated ``acc[0] += value``, the running error kept in ``acc[2]``."""
-    total = acc[0] + value
-    if abs(acc[0]) >= abs(value):
-        acc[2] += (acc[0] - total) + value
-    else:
-        acc[2] += (value - total) + acc[0]
-    acc[0] = total
-
-
 def _number(value: object, default: float = 0.0) -> float:
+    t = type(value)
+    if t is float or t is int:
+        v = float(value)  # type: ignore[arg-type]
+        return v if v - v == 0.0 else default
     if isinstance(value, (int, float)) and math.isfinite(value):
         return float(value)
     return default
+
+
+def _kind_of(value: object) -> int:
+    return 0 if isinstance(value, bool) else 1 if isinstance(value, int) else 2
+
+
+_SKIP, _WEIGHTED, _SUM, _MAX, _MIN, _POOLED, _OTHER = range(7)
+_CODES = {Reduction.WEIGHTED_MEAN: _WEIGHTED, Reduction.SUM: _SUM, Reduction.MAX: _MAX, Reduction.MIN: _MIN,
+          Reduction.POOLED_STD: _POOLED}
+_CODES.update({r: _OTHER for r in Reduction if r not in _CODES})

@@ -33,6 +33,7 @@ class ConsoleSink:
 
     name = "console"
     stores_nonfinite = frozenset({"nan", "inf"})
+    inline = True  # written on the training thread, never by the publisher process
 
     def __init__(self, *, keys: Sequence[str] | None = None, every: int = 1, stream: TextIO | None = None) -> None:
         self.keys = tuple(keys) if keys is not None else None

@@ -37,6 +37,14 @@ from .publisher import SAFE_RUN_ID
 
 __all__ = ["FORMAT", "VERSION", "Journal", "JournalSink", "read_journal"]
 
+_orjson: Any = None
+try:  # optional: a faster encoder for the frame lines (the training thread's cost), same JSON
+    import orjson
+
+    _orjson = orjson
+except ImportError:  # pragma: no cover - exercised where orjson is absent
+    pass
+
 FORMAT = "posttrain-metrics-journal"
 VERSION = 1
 _FSYNC = ("close", "step", "never")
@@ -65,6 +73,7 @@ class JournalSink:
 
     name = "journal"
     stores_nonfinite = frozenset({"nan", "inf"})
+    inline = True  # written on the training thread, never by the publisher process
 
     def __init__(self, path: str | os.PathLike[str], *, fsync: str = "close") -> None:
         if fsync not in _FSYNC:
@@ -124,17 +133,27 @@ class JournalSink:
                       f"{run_id!r} starts its own journal", stacklevel=3)
 
     def write(self, frame: Frame) -> None:
-        self._line(
-            {
-                "kind": "frame",
-                "run_id": self._run_id,
-                "step": frame.step,
-                "phase": frame.phase,
-                "time": frame.wall_time,
-                "metrics": {k: _encode(v) for k, v in frame.metrics.items()},
-            },
-            sync=self.fsync == "step",
-        )
+        metrics = frame.metrics
+        for value in metrics.values():  # NaN and infinities as {"$float": ...}: strict JSON
+            if type(value) is float and value - value != 0.0:
+                metrics = {k: _encode(v) for k, v in metrics.items()}
+                break
+        record = {"kind": "frame", "run_id": self._run_id, "step": frame.step, "phase": frame.phase,
+                  "time": frame.wall_time, "metrics": metrics}
+        if _orjson is not None and self._file is not None and math.isfinite(frame.wall_time):
+            # orjson (when installed) encodes a 61-key frame about 10x faster than json: it is the
+            # training thread's main cost here. Same strict JSON; floats in their shortest repr.
+            try:
+                line = _orjson.dumps(record, option=_orjson.OPT_APPEND_NEWLINE).decode()
+            except TypeError:  # a value orjson does not take (it is strict about types): json's turn
+                line = ""
+            if line:
+                self._file.write(line)
+                self._file.flush()
+                if self.fsync == "step":
+                    os.fsync(self._file.fileno())
+                return
+        self._line(record, sync=self.fsync == "step")
 
     def close(self, *, failed: bool = False) -> None:
         if self._file is None:

@@ -17,8 +17,9 @@ What MLflow shows
 - **Tags**: ``posttrain_metrics.run_id`` (the publisher's run id, used to resume),
   ``posttrain_metrics.adapters``, and the ``tags`` you pass. The run name is ``run_name`` or the
   publisher's.
-- **Status**: ``FINISHED``, or ``FAILED`` when the run ends with ``close(failed=True)`` (the
-  publisher passes that when training raised).
+- **Status**: ``FINISHED``; ``FAILED`` when the run ends with ``close(failed=True)`` (the
+  publisher passes that when training raised); ``KILLED`` for a run that never closed (its journal
+  has no end record: the trainer was killed), as the doctor reports it.
 
 Non-finite values
 -----------------
@@ -41,14 +42,15 @@ segments are removed or replaced, an over-long name is cut and given a short has
 Reliability and retries
 -----------------------
 ``write`` turns a frame into one batch and hands it to MLflow's own asynchronous batch logging
-(``MlflowClient.log_batch(..., synchronous=False)``); the training thread never waits on the
-network (a frame of 40 keys costs it about 0.5 ms; with the embedded store the SQLite writes
-themselves run on MLflow's threads in this process). At most ``max_pending`` requests are in flight;
-frames that wait behind them are merged into one request up to MLflow's batch limits
-(``MAX_METRICS_PER_BATCH``), so a slow server is caught up with quickly. When a request fails
-(server down, timeout) the sink warns once and is *degraded*: it holds frames in memory (at most
-``backlog`` frames; beyond that the oldest is dropped and counted in ``dropped``), sends one frame
-per step as a probe, and when a probe lands resends everything held. Resending is exact: MLflow
+(``MlflowClient.log_batch(..., synchronous=False)``); the caller never waits on the network. Fed
+by the publisher (the default: a process of its own that tails the journal), ``write`` only queues
+and the publisher's ``end_batch`` sends what accumulated, merged into requests up to MLflow's batch
+limits (``MAX_METRICS_PER_BATCH``): one request of 1000 points costs about as much as four of 40.
+At most ``max_pending`` requests are in flight. When a request fails (server down, timeout) the sink
+warns once and is *degraded*: it holds frames, sends one request at a time as a probe, and when a
+probe lands resends everything held. Nothing is dropped: once ``backlog`` frames are held,
+``ready()`` is false and the publisher stops reading the journal for this sink until MLflow answers
+again (the journal is the queue; a sink written directly holds every frame). Resending is exact: MLflow
 identifies a point by (key, step, timestamp, value) and ignores a duplicate, and the timestamp is
 the frame's wall time, so a request that reached the server before its reply was lost, or a replay
 of the journal by ``posttrain-metrics export``, stores nothing twice. A request MLflow rejects as
@@ -240,6 +242,7 @@ class MlflowSink:
         self.run_name = run_name
         self.tags = dict(tags or {})
         self.run_id = run_id
+        self._run_id_arg = run_id
         self.http_max_retries = http_max_retries
         self.http_timeout = http_timeout
         self.http_backoff_factor = http_backoff_factor
@@ -248,9 +251,8 @@ class MlflowSink:
         self.drain_timeout = float(drain_timeout)
         self.experiment_id: str | None = None
         # Counters a caller (or the doctor) can read: batches rejected by MLflow as invalid,
-        # frames dropped from a full backlog, frames that were not confirmed at close.
+        # frames that were not confirmed at close.
         self.rejected = 0
-        self.dropped = 0
         self.unconfirmed = 0
         self._client: Any = None
         self._entities: Any = None
@@ -262,6 +264,7 @@ class MlflowSink:
         self._failed_probes = 0
         self._labels: dict[str, str] = {}
         self._closed = False
+        self._batched = False
         self._param_limit = self._tag_limit = 0
         self._max_metrics = self._max_tags = self._max_entities = 0
         self._metric_names: _Names | None = None
@@ -421,7 +424,9 @@ class MlflowSink:
             self._queue(_Batch([frame.step], metrics, tags))
 
     # ------------------------------------------------------------------ close
-    def close(self, *, failed: bool = False) -> None:
+    def close(self, *, failed: bool = False, killed: bool = False) -> None:
+        """Drain, then set the status: ``FINISHED``, ``FAILED``, or ``KILLED`` for a run that never
+        closed (its trainer was killed; the publisher replayed its journal)."""
         if self._closed:
             return
         self._closed = True
@@ -451,36 +456,60 @@ class MlflowSink:
                 "`posttrain-metrics export` replays them",
                 stacklevel=2,
             )
+        status = "KILLED" if killed else "FAILED" if failed else "FINISHED"
         if self._degraded:
             warnings.warn(
                 f"mlflow: {redact_text(str(self.tracking_uri))} is unreachable; run {self.run_id} keeps status RUNNING "
-                "(could not set it to " + ("FAILED" if failed else "FINISHED") + ")",
+                f"(could not set it to {status})",
                 stacklevel=2,
             )
             return
         _, _, run_tag = self._entities
         if self._labels:  # batches may land out of order: make the tags hold the last labels
             self._client.log_batch(self.run_id, tags=[run_tag(k, v) for k, v in self._labels.items()])
-        self._client.set_terminated(self.run_id, status="FAILED" if failed else "FINISHED")
+        self._client.set_terminated(self.run_id, status=status)
 
     # ------------------------------------------------------------------ the queue
     def _queue(self, batch: _Batch) -> None:
-        held = sum(len(b.steps) for b in self._held)
-        if batch.steps and held >= self.backlog:
-            for i, old in enumerate(self._held):
-                if old.steps:  # drop the oldest frame; params are never dropped
-                    del self._held[i]
-                    if self.dropped == 0:
-                        warnings.warn(
-                            f"mlflow: more than backlog={self.backlog} frames are waiting for "
-                            f"{redact_text(str(self.tracking_uri))}; dropping the oldest (counted in MlflowSink.dropped; "
-                            "the journal keeps them for `posttrain-metrics export`)",
-                            stacklevel=3,
-                        )
-                    self.dropped += len(old.steps)
-                    break
-        self._held.append(batch)
-        self._pump()
+        self._held.append(batch)  # never dropped: see ready() for how a publisher holds back
+        if not self._batched:
+            self._pump()
+
+    def ready(self) -> bool:
+        """Whether fewer than ``backlog`` frames wait to be sent. A publisher that feeds this sink
+        from the journal stops reading while it is not (the journal holds the rest), so a tracker
+        that is down costs neither memory nor frames."""
+        return sum(len(b.steps) for b in self._held) < self.backlog
+
+    def end_batch(self) -> None:
+        """The publisher's batch ends: send what it wrote, merged into requests up to MLflow's
+        limits. Once a publisher calls this, ``write`` only queues and frames go at batch ends."""
+        self._batched = True
+        if self._client is not None and not self._closed:
+            self._reap()
+            self._pump()
+
+    # ------------------------------------------------------------------ the publisher process
+    def to_config(self) -> dict[str, Any]:
+        """This sink as a config (what the publisher process builds it from)."""
+        return {"type": "mlflow", "tracking_uri": self._uri_arg, "dir": str(self.dir.resolve()),
+                "experiment": self.experiment, "run_name": self.run_name, "tags": self.tags,
+                "run_id": self._run_id_arg, "http_max_retries": self.http_max_retries,
+                "http_timeout": self.http_timeout, "http_backoff_factor": self.http_backoff_factor,
+                "max_pending": self.max_pending, "backlog": self.backlog, "drain_timeout": self.drain_timeout}
+
+    def held_points(self, run_id: str, name: str, keys: Any) -> Any:
+        """The (key, step) points MLflow already holds for the run tagged ``run_id``."""
+        from .follower import mlflow_points
+
+        _import_mlflow()
+        uri, _ = self._resolve_uri()
+        if uri.startswith(("http://", "https://")):
+            self._configure_http()
+        return mlflow_points(uri, run_id, keys)
+
+    def run_handles(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "experiment_id": self.experiment_id, "tracking_uri": self.tracking_uri}
 
     def _pump(self) -> None:
         """Send held batches: up to ``max_pending`` in flight when healthy, one (a probe) when

@@ -11,22 +11,38 @@ journal only, so the record shows the step ran with no data; no other sink recei
 nothing to chart, and a tracker row without values is noise), it is counted in ``empty_frames`` and
 warned about once.
 
-Only the reduction and the journal line happen on the training thread: every other sink writes on
-its own thread behind a bounded queue (:class:`~posttrain_metrics.integrations.worker.SinkWorker`;
-drop-oldest when full, counted, the journal keeps every frame for ``posttrain-metrics export``).
-``close`` drains the queues (bounded by ``close_timeout``) and closes every sink.
+Where the trackers are written (``mode``):
+
+- ``"process"`` (the default): the training thread writes the journal line and the console line,
+  nothing else. A publisher process (``posttrain-metrics publish --follow <journal>``, started at
+  ``start`` and restarted if it dies) tails the journal and feeds W&B, MLflow and TensorBoard with
+  the code of ``posttrain-metrics export`` (:mod:`~posttrain_metrics.integrations.follower`). The
+  journal is the queue: a slow or dead tracker only delays its replica, nothing is dropped. Sinks
+  given as objects that cannot describe themselves as a config (your own) are fed the same way by a
+  thread of this process.
+- ``"thread"``: the same follower on a thread of this process, for environments that forbid child
+  processes. The trackers' Python work then shares the training process's GIL.
+- ``"inline"``: every sink written on the calling thread (what ``export`` and the follower use).
+
+Without a journal sink there is no queue: every sink is written inline.
+``close`` writes the journal's end record and waits (``close_timeout``) for the followers to catch up
+and close the trackers; what is left is reported with the command that finishes it.
 """
 
 from __future__ import annotations
 
 import atexit
+import inspect
+import json
 import math
 import re
 import sys
+import threading
 import time
 import uuid
 import warnings
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from ..core.distributed import global_rank
@@ -37,9 +53,10 @@ from ..core.redact import flatten_config, redact_text
 from ..core.reducer import AdapterSpec, resolve_adapters
 from ..core.values import Scalar
 from .base import RunInfo, Sink
-from .worker import SinkWorker
 
-__all__ = ["Publisher", "display_frame", "nonfinite_kind"]
+__all__ = ["MODES", "Publisher", "display_frame", "nonfinite_kind"]
+
+MODES = ("process", "thread", "inline")
 
 # Run ids end up in file names (W&B's run-<id>.wandb, a TensorBoard log_dir with {run_id}) and in
 # tracker queries: letters, digits, '_', '-', '.', not starting with '.' or '-'.
@@ -57,11 +74,17 @@ def display_frame(frame: Frame, keys: Mapping[str, KeyInfo]) -> Frame:
     """The frame as trackers show it: label indicators added, bools as 0/1; nothing removed."""
     out: dict[str, Scalar] = {}
     for key, value in frame.metrics.items():
-        out[key] = int(value) if isinstance(value, bool) else value
-        info = keys.get(key)
-        if isinstance(value, str) and info is not None:
-            for label in info.metric.labels:
-                out[label_key(key, label)] = int(value == label)
+        t = type(value)
+        if t is float or t is int:
+            out[key] = value
+        elif isinstance(value, bool):
+            out[key] = int(value)
+        else:
+            out[key] = value
+            info = keys.get(key)
+            if isinstance(value, str) and info is not None:
+                for label in info.metric.labels:
+                    out[label_key(key, label)] = int(value == label)
     return Frame(frame.step, out, frame.phase, frame.wall_time)
 
 
@@ -70,7 +93,7 @@ class Publisher:
 
     Sink constructors do no I/O, so building the same publisher on every rank is harmless: only
     rank 0 starts runs. Use it as a context manager, or call ``start``/``close``; ``close`` is
-    idempotent and also runs at interpreter exit.
+    idempotent and also runs at interpreter exit. See the module docstring for ``mode``.
     """
 
     def __init__(
@@ -80,9 +103,10 @@ class Publisher:
         adapters: AdapterSpec,
         run_name: str | None = None,
         run_id: str | None = None,
-        background: bool = True,
-        queue_size: int = 1024,
+        mode: str = "process",
         close_timeout: float = 300.0,
+        imports: Sequence[str] = (),
+        background: bool | None = None,
     ) -> None:
         self.sinks = sorted(sinks, key=lambda s: s.name != "journal")  # the journal first
         names = [s.name for s in self.sinks]
@@ -92,10 +116,13 @@ class Publisher:
                 f"two sinks are named {twice}: sinks are told apart by name; fix: give one of them another "
                 "name (set its `name` attribute) or publish to one backend per kind"
             )
-        self.background = background
-        self.queue_size = queue_size
-        self.close_timeout = close_timeout
-        self.workers: dict[str, SinkWorker] = {}
+        if background is not None:  # the pre-follower switch: False meant every sink inline
+            mode = mode if background else "inline"
+        if mode not in MODES:
+            raise MetricsError(f"Publisher mode={mode!r}; fix: use one of {list(MODES)}")
+        if not (isinstance(close_timeout, (int, float)) and close_timeout >= 0):
+            raise MetricsError(f"Publisher close_timeout={close_timeout!r}; fix: a number of seconds >= 0")
+        self.close_timeout = float(close_timeout)
         self.unstarted: set[str] = set()  # sinks whose start() failed: skipped, the journal has all
         self.adapters = resolve_adapters(adapters)
         self.keys = describe(self.adapters)
@@ -112,13 +139,51 @@ class Publisher:
         self._nonfinite: dict[tuple[str, str], int] = {}
         self._closed = False
         self.after_close = 0  # frames published after close(): warned once, not recorded
+        self._close_kw: dict[str, bool] = {}
+
+        # Which sink is written where.
+        journal = next((s for s in self.sinks if s.name == "journal"), None)
+        where: Any = getattr(journal, "path", None)
+        self.journal_path: Path | None = Path(where) if where is not None else None
+        if mode != "inline" and self.journal_path is None:
+            mode = "inline"  # no journal, no queue
+        self.mode = mode
+        self.inline: list[Sink] = []
+        self.in_process: list[Sink] = []  # fed by the follower thread
+        self.in_child: list[Sink] = []  # fed by the publisher process
+        from ..core.catalog import BUILTIN
+
+        builtin = {id(a) for a in BUILTIN}
+        own = [a.name for a in self.adapters if id(a) not in builtin]
+        self.imports = tuple(imports)
+        if mode == "process" and own and not self.imports:
+            # A fresh publisher process knows the catalogue, not adapters registered in this one.
+            warnings.warn(
+                f"adapter(s) {own} are registered in this process only, so the trackers are fed by a thread of "
+                "this process instead of the publisher process; fix: register them in a module and pass "
+                "imports=['that.module'] (the publisher imports it first)",
+                stacklevel=2,
+            )
+            mode = "thread"
+            self.mode = mode
+        for sink in self.sinks:
+            if mode == "inline" or getattr(sink, "inline", False):
+                self.inline.append(sink)
+            elif mode == "process" and callable(getattr(sink, "to_config", None)):
+                self.in_child.append(sink)
+            else:
+                self.in_process.append(sink)
+        self.process: Any = None  # a PublisherProcess once started
+        self._thread: threading.Thread | None = None
+        self._thread_result: dict[str, Any] = {}
+        self._stop = threading.Event()
 
     # Side effects happen on global rank 0 only; the rank is read at call time.
     @staticmethod
     def publishes_here() -> bool:
         return global_rank() == 0
 
-    def start(self, config: Mapping[str, Any] | None = None) -> RunInfo:
+    def start(self, config: Mapping[str, Any] | None = None, *, started: float | None = None) -> RunInfo:
         """Start every sink (rank 0) with the flattened, redacted config. Idempotent: a second call
         returns the running run (a config that arrives after the first frame is not recorded)."""
         if self.run is not None:
@@ -135,18 +200,47 @@ class Publisher:
             config=flatten_config(config or {}),
             keys=self.keys,
             adapters=tuple(a.name for a in self.adapters),
-            started=time.time(),
+            started=started if started is not None else time.time(),
         )
         self.run = run
         if self.publishes_here():
-            for sink in self.sinks:
+            for sink in self.inline:
                 if not self._call(sink, "start", run):
                     self.unstarted.add(sink.name)  # warned once; its frames stay in the journal
-                    continue
-                if self.background and sink.name != "journal":
-                    self.workers[sink.name] = SinkWorker(sink, self._call, maxsize=self.queue_size)
+            if self.journal_path is not None and "journal" not in self.unstarted:
+                self._start_followers()
             atexit.register(self._at_exit)
         return run
+
+    def _start_followers(self) -> None:
+        assert self.journal_path is not None
+        if self.in_child:
+            from .process import PublisherProcess
+
+            configs = []
+            for sink in self.in_child:
+                config = dict(sink.to_config())  # type: ignore[attr-defined]
+                if sink.name != type(sink).name:  # two sinks of one kind, told apart by name
+                    config["name"] = sink.name
+                configs.append(config)
+            self.process = PublisherProcess(self.journal_path, configs, imports=self.imports)
+            self.process.start()
+        if self.in_process:
+            from .follower import follow
+
+            path, sinks, adapters = self.journal_path, list(self.in_process), list(self.adapters)
+            report = not self.in_child  # the process reports when there is one
+
+            def run() -> None:
+                try:
+                    self._thread_result.update(follow(path, sinks, stop=self._stop, report=report,
+                                                      adapters=adapters))
+                except Exception as exc:  # a follower bug never stops training: the journal has all
+                    warnings.warn(f"the in-process publisher stopped: {type(exc).__name__}: {exc}; the journal "
+                                  f"keeps every frame: `posttrain-metrics export {path} --to ...`", stacklevel=1)
+
+            self._thread = threading.Thread(target=run, name="posttrain-metrics-publisher", daemon=True)
+            self._thread.start()
 
     def _at_exit(self) -> None:
         # An uncaught exception leaves sys.last_value (sys.last_exc from 3.12) set by the time
@@ -177,8 +271,8 @@ class Publisher:
                     "(counted in Publisher.empty_frames)",
                     stacklevel=2,
                 )
-        shown = display_frame(frame, self.keys)
-        for sink in self.sinks:
+        shown: Frame | None = None
+        for sink in self.inline:
             if sink.name in self.unstarted:
                 continue
             if sink.name == "journal":
@@ -186,45 +280,92 @@ class Publisher:
                 continue
             if not frame.metrics:
                 continue
-            prepared = self._for(sink, shown)
-            worker = self.workers.get(sink.name)
-            if worker is None:
-                self._call(sink, "write", prepared)
-            elif not worker.put(prepared) and worker.dropped == 1:
-                warnings.warn(
-                    f"sink {sink.name!r} is {worker.maxsize} frames behind; dropping its oldest frames "
-                    "(counted in Publisher.dropped). The journal keeps them: `posttrain-metrics export` "
-                    "puts them back.",
-                    stacklevel=2,
-                )
+            if shown is None:
+                shown = display_frame(frame, self.keys)
+            self._call(sink, "write", self._for(sink, shown))
+        if self.process is not None:
+            self.process.check()  # a syscall at most once a second: restarts a dead publisher
 
-    def close(self, *, failed: bool = False) -> None:
+    def close(self, *, failed: bool = False, status: str | None = None) -> None:
+        """Close the run: ``status`` ``"finished"``, ``"failed"`` (also ``failed=True``) or
+        ``"killed"`` (a run that never closed, replayed). Inline sinks are closed at once; the
+        followers are waited for up to ``close_timeout`` seconds."""
         if self._closed:
             return
         self._closed = True
         atexit.unregister(self._at_exit)
+        status = status or ("failed" if failed else "finished")
         if self.run is None or not self.publishes_here():
             return
-        started = [s for s in self.sinks if s.name not in self.unstarted]
-        for sink in started:  # every background sink drains at once, not one after another
-            if sink.name in self.workers:
-                self.workers[sink.name].request_close(failed=failed)
-        for sink in started:
-            worker = self.workers.get(sink.name)
-            if worker is None:
-                self._call(sink, "close", failed=failed)
-            elif not worker.wait(self.close_timeout):
+        for sink in self.inline:  # the journal's end record first: the followers close on it
+            if sink.name not in self.unstarted:
+                self._close_sink(sink, status)
+        deadline = time.monotonic() + self.close_timeout
+        if self._thread is not None:
+            self._thread.join(self.close_timeout)
+            if self._thread.is_alive():
+                self._stop.set()
                 warnings.warn(
-                    f"sink {sink.name!r} did not finish within {self.close_timeout:.0f} s "
-                    f"({worker.backlog} frames still queued); the journal has them for "
-                    "`posttrain-metrics export`",
-                    stacklevel=2,
-                )
+                    f"the in-process publisher did not finish within close_timeout={self.close_timeout:g} s; "
+                    f"{self._left()}", stacklevel=2)
+        if self._thread is not None and not self._thread.is_alive():
+            self._merge(self._thread_result)
+        if self.process is not None:
+            if not self.process.wait(max(0.0, deadline - time.monotonic())):
+                warnings.warn(
+                    f"the publisher process (pid {self.process.pid}) did not finish within close_timeout="
+                    f"{self.close_timeout:g} s; {self._left()}. It goes on in the background and closes the "
+                    f"trackers when done; if it is stopped, `{self.process.command()}` finishes it "
+                    "(it sends only what the trackers lack)", stacklevel=2)
+            elif self.process.returncode:
+                warnings.warn(f"the publisher process exited with status {self.process.returncode}; "
+                              f"{self._left()}; `{self.process.command()}` finishes it", stacklevel=2)
+            else:
+                self._merge(self._report())
 
-    @property
-    def dropped(self) -> dict[str, int]:
-        """Frames each background sink dropped because its queue was full."""
-        return {name: w.dropped for name, w in self.workers.items() if w.dropped}
+    def _merge(self, report: Mapping[str, Any]) -> None:
+        """The followers' failures and unstarted sinks, counted here as if written here."""
+        for name, n in report.get("failures", {}).items():
+            self.failures[name] = self.failures.get(name, 0) + int(n)
+        self.unstarted.update(report.get("unstarted", []))
+
+    def _report(self) -> dict[str, Any]:
+        from .follower import status_path
+
+        if self.journal_path is None:
+            return {}
+        try:
+            report: dict[str, Any] = json.loads(status_path(self.journal_path).read_text())
+        except (OSError, ValueError):
+            return {}
+        return report
+
+    def _left(self) -> str:
+        """What each follower's tracker still lacks, from the publisher's status report."""
+
+        if self.journal_path is None:
+            return ""
+        total = self.journal_path.read_bytes().count(b'"kind":"frame"') if self.journal_path.exists() else 0
+        sinks = self._report().get("sinks", {})
+        left = {s.name: total - int(sinks.get(s.name, {}).get("frames", 0))
+                for s in (*self.in_child, *self.in_process)}
+        return "frames of the journal not yet published: " + ", ".join(f"{k} {v}" for k, v in left.items())
+
+    def run_handles(self) -> dict[str, dict[str, Any]]:
+        """The trackers' own names for this run, per sink, once the publisher has reported them:
+        ``{"wandb": {"run_id", "url", "dir"}, "mlflow": {"run_id", "experiment_id", "tracking_uri"},
+        "tensorboard": {"log_dir"}}``; inline sinks report theirs directly."""
+
+        out: dict[str, dict[str, Any]] = {}
+        for sink in self.inline:
+            get = getattr(sink, "run_handles", None)
+            if get is not None and self.run is not None:
+                out[sink.name] = dict(get())
+        if self.in_child or self.in_process:
+            for name, info in self._report().get("sinks", {}).items():
+                if info.get("handles"):
+                    out[name] = dict(info["handles"])
+        return out
 
     def __enter__(self) -> Publisher:
         if self.run is None:
@@ -236,8 +377,13 @@ class Publisher:
 
     def _for(self, sink: Sink, frame: Frame) -> Frame:
         stores = sink.stores_nonfinite
+        if "nan" in stores and "inf" in stores:
+            return frame  # stores every value as it is (the frame is never mutated)
         metrics: dict[str, Scalar] = {}
         for key, value in frame.metrics.items():
+            if type(value) is not float or value - value == 0.0:  # only a float can be NaN or infinite
+                metrics[key] = value
+                continue
             kind = nonfinite_kind(value)
             if kind is None or kind in stores:
                 metrics[key] = value
@@ -252,6 +398,26 @@ class Publisher:
             self._nonfinite[counter] = self._nonfinite.get(counter, 0) + 1
             metrics[f"health/nonfinite/{key}"] = self._nonfinite[counter]
         return Frame(frame.step, metrics, frame.phase, frame.wall_time)
+
+    def _close_sink(self, sink: Sink, status: str) -> None:
+        if status != "killed":
+            self._call(sink, "close", failed=status == "failed")
+            return
+        takes = self._close_kw.get(sink.name)
+        if takes is None:
+            try:
+                takes = "killed" in inspect.signature(sink.close).parameters
+            except (TypeError, ValueError):
+                takes = False
+            self._close_kw[sink.name] = takes
+        if takes:  # a sink that knows a killed run marks it so; any other gets the nearest: failed
+            self._call(sink, "close", failed=True, killed=True)
+        else:
+            self._call(sink, "close", failed=True)
+
+    def call(self, sink: Sink, method: str, *args: Any, **kwargs: Any) -> bool:
+        """``sink.<method>(...)`` with this publisher's failure policy (warned once, never raised)."""
+        return self._call(sink, method, *args, **kwargs)
 
     def _call(self, sink: Sink, method: str, *args: Any, **kwargs: Any) -> bool:
         try:

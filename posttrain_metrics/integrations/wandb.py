@@ -58,7 +58,9 @@ aggregate that is itself NaN (a key that was never finite) is stored by W&B as `
 steps have no policy keys); nothing is zero-filled.
 
 **Config and exit code.** The run config is the publisher's flat (`a/b`), redacted config.
-`close(failed=True)` finishes the run with exit code 1 (W&B shows it failed), else 0. `close`
+`close(failed=True)` finishes the run with exit code 1 (W&B shows it failed), else 0; a run that
+never closed (its trainer was killed, the publisher drained its journal) with exit code 137, and
+the summary's `posttrain_metrics/status` says `finished`, `failed` or `killed`. `close`
 returns once W&B has acknowledged the end of the run; its background process finishes writing
 `run-<id>.wandb` moments later, and wandb's exit hook waits for that (call `wandb.teardown()`
 to wait explicitly, say before reading or syncing the file from the same process). W&B's own
@@ -88,10 +90,16 @@ from .base import RunInfo
 if TYPE_CHECKING:
     from wandb.sdk.wandb_run import Run
 
-__all__ = ["NAMESPACES", "RUN_PREFIX", "STEP_KEY", "WandbSink", "resolve_mode", "summary_for"]
+__all__ = ["KILLED_EXIT_CODE", "NAMESPACES", "RUN_PREFIX", "STATUS_KEY", "STEP_KEY", "WandbSink", "resolve_mode", "summary_for"]
 
 STEP_KEY = "trainer/step"
 """The one x-axis of every chart: the frame's step, logged in every row."""
+
+STATUS_KEY = "posttrain_metrics/status"
+"""Summary key saying how the run ended: ``finished``, ``failed`` or ``killed`` (never closed)."""
+
+KILLED_EXIT_CODE = 137
+"""The exit code a killed run is finished with (128 + SIGKILL, as a shell reports it)."""
 
 RUN_PREFIX = "run/"
 """Our run aggregates live under ``run/<key>`` in the run summary."""
@@ -232,6 +240,7 @@ class WandbSink:
         self.summary_every = int(summary_every)
         self.settings = dict(settings or {})
         self._run: Run | None = None
+        self._handles: dict[str, Any] = {}
         self._summary: RunSummary | None = None
         self._bound: set[str] = set()
         self._frames = 0
@@ -278,6 +287,7 @@ class WandbSink:
             settings=wandb.Settings(**settings),
         )
         self._run = wb_run
+        self._handles = {"run_id": wb_run.id, "url": wb_run.url, "dir": wb_run.dir, "project": wb_run.project}
         self._summary = RunSummary(run.keys)
         self._bound = set()
         self._frames = 0
@@ -308,16 +318,42 @@ class WandbSink:
         if self.summary_every and self._frames % self.summary_every == 0:
             self._push_summary(run, summary)
 
-    def close(self, *, failed: bool = False) -> None:
+    def close(self, *, failed: bool = False, killed: bool = False) -> None:
+        """Finish the run: exit code 0, 1 when it failed, 137 (128 + SIGKILL) when it was killed (a
+        run that never closed; W&B's SDK can mark a run only finished or failed, so the summary's
+        ``posttrain_metrics/status`` says ``finished``, ``failed`` or ``killed``)."""
         run, summary = self._run, self._summary
         if run is None:
             return
         self._run = self._summary = None
+        status = "killed" if killed else "failed" if failed else "finished"
         try:
             if summary is not None and summary.frames:
                 self._push_summary(run, summary)
+            run.summary.update({STATUS_KEY: status})
         finally:
-            run.finish(exit_code=1 if failed else 0)
+            run.finish(exit_code=KILLED_EXIT_CODE if killed else 1 if failed else 0)
+
+    # -- the publisher process ---------------------------------------------------------------------
+
+    def to_config(self) -> dict[str, Any]:
+        """This sink as a config (what the publisher process builds it from)."""
+        return {"type": "wandb", "project": self.project, "entity": self.entity,
+                "dir": None if self.dir is None else str(self.dir.resolve()), "mode": self.mode,
+                "tags": list(self.tags), "group": self.group, "job_type": self.job_type, "notes": self.notes,
+                "resume": self.resume, "init_timeout": self.init_timeout, "system_metrics": self.system_metrics,
+                "capture_console": self.capture_console, "summary_every": self.summary_every,
+                "settings": self.settings}
+
+    def held_points(self, run_id: str, name: str, keys: Any) -> Any:
+        """The (key, step) points the offline runs of ``run_id`` under ``dir`` already hold."""
+        from .follower import wandb_points
+
+        return wandb_points(self.dir if self.dir is not None else Path.cwd(), run_id)
+
+    def run_handles(self) -> dict[str, Any]:
+        """The W&B run's id, URL (None offline), files folder and project, from ``start`` on."""
+        return dict(self._handles)
 
     def _bind(self, namespace: str) -> None:
         if self._run is None or namespace in self._bound or namespace == STEP_KEY.split("/", 1)[0]:

@@ -1,0 +1,488 @@
+"""The one path from a journal to the trackers: tail the journal, feed each sink what it lacks.
+
+Live publication and ``posttrain-metrics export`` both go through here. A :class:`Replica` is one
+sink fed from the journal: it reads the target back first (what it already holds, see
+:mod:`posttrain_metrics.export`), skips those frames, then writes every further frame in journal
+order, in batches (one ``flush()`` of the sink per batch: one TensorBoard flush, MLflow requests
+merged up to its batch limits). Each replica keeps its own byte offset into the journal, so a slow or
+dead tracker only delays its own replica and the publisher holds no frames in memory: the journal is
+the queue, and nothing is ever dropped.
+
+:func:`follow` runs the replicas of a run until the journal's end record (the trainer closed the
+run), or until the trainer is gone (``parent_pid``): then it drains every complete line and closes
+the trackers with status ``killed``. It is what the publisher process runs
+(``posttrain-metrics publish``); the in-process mode runs it on a thread.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import mmap
+import os
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..core.errors import MetricsError
+from ..core.frame import Frame
+from ..core.keys import KeyInfo
+from .base import Sink
+from .journal import FORMAT, _decode
+from .publisher import Publisher, display_frame, nonfinite_kind
+
+__all__ = ["STATUSES", "JournalTail", "Pending", "Points", "Record", "Replica", "follow", "status_path", "write_status"]
+
+Points = collections.Counter[tuple[str, int]]
+STATUSES = ("finished", "failed", "killed")
+"""A run's end status: closed normally, closed because training raised, never closed (killed)."""
+
+
+@dataclasses.dataclass
+class Record:
+    """One journal line as the follower needs it."""
+
+    kind: str  # "header", "frame", "end"
+    frame: Frame | None = None
+    header: dict[str, Any] | None = None
+    status: str | None = None
+
+
+class JournalTail:
+    """Reads the complete lines appended to a journal since the last call (a torn last line waits)."""
+
+    def __init__(self, path: Path, offset: int = 0) -> None:
+        self.path = path
+        self.offset = offset
+        self.line_number = 0
+
+    def read(self, limit: int = 1 << 30, max_bytes: int = 8 << 20) -> list[Record]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read(max_bytes)
+        except FileNotFoundError:
+            return []
+        out: list[Record] = []
+        pos = 0
+        while len(out) < limit:
+            end = data.find(b"\n", pos)
+            if end < 0:
+                break
+            line = data[pos:end]
+            pos = end + 1
+            self.line_number += 1
+            if line.strip():
+                out.append(self._parse(line))
+        self.offset += pos
+        return out
+
+    def _parse(self, line: bytes) -> Record:
+        try:
+            record = json.loads(line)
+            kind = record["kind"]
+            if kind == "frame":
+                metrics = {str(k): _decode(v) for k, v in record["metrics"].items()}
+                step = record["step"]
+                if isinstance(step, bool) or not isinstance(step, int):
+                    raise TypeError(f"step {step!r:.40} is not an integer")
+                frame = Frame(step, metrics, str(record.get("phase", "train")), float(record.get("time", 0.0)))
+                return Record("frame", frame=frame)
+            if kind == "header":
+                if record.get("format") != FORMAT:
+                    raise ValueError(f"not a {FORMAT} header")
+                return Record("header", header=record)
+            if kind == "end":
+                return Record("end", status=str(record.get("status", "finished")))
+            raise ValueError(f"unknown record kind {kind!r}")
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            # A crash mid-line followed by a resumed run's header: the torn part is skipped.
+            if b'"kind":"header"' in line and b'{"format"' in line:
+                return self._parse(line[line.index(b'{"format"'):])
+            raise MetricsError(f"{self.path}: line {self.line_number}: not a journal line ({exc!r:.200}); "
+                               "the file is damaged") from None
+
+
+# -- what a target already holds --------------------------------------------------------------------
+
+
+def _probe(frame: Frame, stores: frozenset[str]) -> str | None:
+    """The key whose presence at the frame's step says the frame was written (every sink writes a
+    frame whole): its first number the target stores, label indicators included."""
+    for key in sorted(frame.metrics):
+        value = frame.metrics[key]
+        if isinstance(value, str):
+            continue
+        kind = nonfinite_kind(float(value))
+        if kind is None or kind in stores:
+            return key
+    return None
+
+
+class Pending:
+    """Decides, frame by frame in journal order, whether a target lacks a frame: its probe point
+    (see :func:`_probe`) is held fewer times than the journal has had it so far (repeated steps of
+    a resumed run count once per occurrence). A frame with no metrics (an empty window) never is:
+    the publisher sends it to no tracker."""
+
+    def __init__(self, existing: Points, keys: Mapping[str, KeyInfo], stores: frozenset[str]) -> None:
+        self.existing = existing
+        self.keys = keys
+        self.stores = stores
+        self.seen: Points = collections.Counter()
+
+    def __call__(self, frame: Frame) -> bool:
+        if not frame.metrics:
+            return False
+        if not self.existing:
+            return True
+        key = _probe(display_frame(frame, self.keys), self.stores)
+        if key is None:
+            return True
+        self.seen[(key, frame.step)] += 1
+        return self.seen[(key, frame.step)] > self.existing[(key, frame.step)]
+
+
+def tensorboard_points(log_dir: Path) -> Points:
+    points: Points = collections.Counter()
+    if not log_dir.is_dir() or not any(log_dir.glob("events.out.tfevents.*")):
+        return points
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(log_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    for tag in events.Tags()["scalars"]:
+        points.update((tag, e.step) for e in events.Scalars(tag))
+    return points
+
+
+def mlflow_run(uri: str, run_id: str) -> str | None:
+    """The MLflow run tagged with the journal's run id, in any experiment (a live sink's run)."""
+    from mlflow.tracking import MlflowClient
+
+    from .mlflow import RUN_ID_TAG
+
+    client = MlflowClient(tracking_uri=uri)
+    for experiment in client.search_experiments():
+        runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.`{RUN_ID_TAG}` = '{run_id}'",
+                                  max_results=1)
+        if runs:
+            return str(runs[0].info.run_id)
+    return None
+
+
+def mlflow_points(uri: str, run_id: str, keys: Iterable[str]) -> Points:
+    from mlflow.tracking import MlflowClient
+
+    from .mlflow import RUN_ID_TAG
+
+    client = MlflowClient(tracking_uri=uri)
+    points: Points = collections.Counter()
+    for experiment in client.search_experiments():
+        runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.`{RUN_ID_TAG}` = '{run_id}'")
+        for run in runs:
+            held = set(run.data.metrics)
+            for key in keys:
+                if key in held:
+                    points.update((key, m.step) for m in client.get_metric_history(run.info.run_id, key))
+    return points
+
+
+def wandb_points(directory: Path, run_id: str) -> Points:
+    points: Points = collections.Counter()
+    files = sorted(directory.rglob(f"run-{run_id}.wandb")) if directory.is_dir() else []
+    if not files:
+        return points
+    from .wandb_reader import read_offline_run
+
+    for file in files:
+        for row in read_offline_run(file).history:
+            step = row.get("trainer/step")
+            if isinstance(step, int):
+                points.update((key, step) for key in row if not key.startswith(("_", "trainer/")))
+    return points
+
+
+def held_points(sink: Sink, run_id: str, name: str, keys: Iterable[str]) -> Points:
+    """What ``sink``'s target already holds of run ``run_id`` (before ``start``); empty for a sink
+    that cannot be read back (every frame is then sent)."""
+    held: Callable[[str, str, Iterable[str]], Points] | None = getattr(sink, "held_points", None)
+    if held is None:
+        return collections.Counter()
+    try:
+        return held(run_id, name, keys)
+    except ImportError:
+        raise  # a requested backend that is not installed is an error
+    except Exception as exc:  # a tracker down at the start: it is sent everything (see below)
+        warnings.warn(
+            f"{sink.name}: could not read back what it already holds of run {run_id} ({type(exc).__name__}: "
+            f"{str(exc)[:200]}); every frame of the journal is sent to it (MLflow ignores a point it holds "
+            "already; a TensorBoard dir that cannot be read would get duplicates)",
+            stacklevel=2,
+        )
+        return collections.Counter()
+
+
+# -- one sink fed from the journal --------------------------------------------------------------------
+
+
+class Replica:
+    """One sink fed from the journal at ``path``, from its own offset, in batches."""
+
+    def __init__(self, path: Path, sink: Sink, *, batch: int = 512, lazy: bool = False,
+                 adapters: Sequence[Any] | None = None) -> None:
+        self.path = path
+        self.adapters = adapters  # the run's adapter objects (in process); else by name from the header
+        self.lazy = lazy  # start the sink at the first frame it lacks, not at the header
+        self.sink = sink
+        self.batch = batch
+        self.tail = JournalTail(path)
+        self.publisher: Publisher | None = None
+        self.pending: Pending | None = None
+        self.header: dict[str, Any] | None = None
+        self.written = 0  # frames this replica sent
+        self.skipped = 0  # frames the target already held
+        self.frames = 0  # journal frames processed (sent, held already, or empty)
+        self.end: str | None = None  # the status of the last end record read, None while the run goes on
+        self.closed = False
+
+    def ready(self) -> bool:
+        """Whether the sink takes more frames now (an MLflow sink holding a full backlog does not)."""
+        probe: Callable[[], bool] | None = getattr(self.sink, "ready", None)
+        return probe() if probe is not None else True
+
+    def step(self) -> int:
+        """Read and publish what has accumulated (at most ``batch`` lines); the records handled."""
+        if self.closed or not self.ready():
+            self._flush()
+            return 0
+        records = self.tail.read(self.batch)
+        self.feed(records)
+        self._flush()
+        return len(records)
+
+    def feed(self, records: Iterable[Record]) -> None:
+        """Publish ``records`` in order (what :meth:`step` read, or a journal already in memory)."""
+        for record in records:
+            if record.kind == "frame" and record.frame is not None:
+                self.frames += 1
+                self.end = None
+                if self.publisher is None:
+                    raise MetricsError(f"{self.path}: a frame before the journal header")
+                if not record.frame.metrics:
+                    continue  # an empty window: the journal's alone (the trainer warned about it)
+                if self.pending is None or self.pending(record.frame):
+                    if self.publisher.run is None:
+                        self._start_sink()
+                    self.publisher.publish(record.frame)
+                    self.written += 1
+                else:
+                    self.skipped += 1
+            elif record.kind == "header" and record.header is not None:
+                self.end = None
+                if self.publisher is None:
+                    self._prepare(record.header)
+                    if not self.lazy:
+                        self._start_sink()
+            elif record.kind == "end":
+                self.end = record.status
+
+    def _prepare(self, header: dict[str, Any]) -> None:
+        """The run's publisher and what the target already holds (read back before anything is sent)."""
+        self.header = header
+        run_id = str(header.get("run_id", ""))
+        adapters = list(self.adapters) if self.adapters is not None else list(header.get("adapters", []))
+        pub = Publisher([self.sink], adapters=adapters, run_id=run_id,
+                        run_name=str(header.get("name") or "") or None, mode="inline")
+        numeric = sorted(k for k, info in pub.keys.items() if not info.metric.labels) + sorted(
+            f"{k}/{label}" for k, info in pub.keys.items() for label in info.metric.labels)
+        existing = held_points(self.sink, run_id, pub.run_name,
+                               [*numeric, *(f"health/nonfinite/{k}" for k in pub.keys)])
+        self.pending = Pending(existing, pub.keys, self.sink.stores_nonfinite) if existing else None
+        self.publisher = pub
+
+    def _start_sink(self) -> None:
+        if self.publisher is not None and self.header is not None:
+            created = self.header.get("created")
+            started = float(created) if isinstance(created, (int, float)) and created > 0 else None
+            # A resumed run appends its own header: the trackers get the config it runs with now.
+            latest = last_header(self.path)
+            header = latest if latest is not None and latest.get("run_id") == self.header.get("run_id") else self.header
+            self.publisher.start(dict(header.get("config", {})), started=started)
+
+    def flush(self) -> None:
+        """End a batch: the sink's ``end_batch`` (one TensorBoard flush, MLflow requests merged)."""
+        self._flush()
+
+    def _flush(self) -> None:
+        end: Callable[[], None] | None = getattr(self.sink, "end_batch", None)
+        if end is not None and self.publisher is not None and self.sink.name not in self.publisher.unstarted:
+            self.publisher.call(self.sink, "end_batch")
+
+    def close(self, status: str) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.publisher is not None:
+            self.publisher.close(status=status)
+
+    def handles(self) -> dict[str, Any]:
+        """The tracker's own names for this run (W&B run id and URL, MLflow run id, log dir)."""
+        get: Callable[[], dict[str, Any]] | None = getattr(self.sink, "run_handles", None)
+        return get() if get is not None and self.publisher is not None else {}
+
+
+# -- the loop -----------------------------------------------------------------------------------------
+
+
+def status_path(journal: Path) -> Path:
+    """Where the publisher reports its progress and the trackers' run ids: ``<journal>.publisher.json``."""
+    return journal.with_name(journal.name + ".publisher.json")
+
+
+def write_status(path: Path, status: Mapping[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(status, default=str))
+    os.replace(tmp, path)
+
+
+def last_header(path: Path) -> dict[str, Any] | None:
+    """The last header line of the journal (a resumed run appends one), found from the end."""
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            at = data.rfind(b'{"format":"' + FORMAT.encode() + b'"')
+            if at < 0:
+                return None
+            end = data.find(b"\n", at)
+            line = data[at : end if end >= 0 else len(data)]
+    except (OSError, ValueError):  # ValueError: an empty file cannot be mapped
+        return None
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def journal_closed(path: Path) -> str | None:
+    """The status of the journal's end record when its last line is one (the trainer closed the
+    run), else None."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 512))
+            tail = f.read()
+    except OSError:
+        return None
+    last = tail.rstrip(b"\n").rsplit(b"\n", 1)[-1]
+    if b'"kind":"end"' not in last:
+        return None
+    try:
+        return str(json.loads(last).get("status", "finished"))
+    except (ValueError, AttributeError):
+        return None
+
+
+def _step(replica: Replica) -> int:
+    """One replica's step; a bug or a backend error in it stops that replica only (warned once; the
+    others go on, and the journal keeps every frame for `posttrain-metrics export`)."""
+    try:
+        return replica.step()
+    except Exception as exc:
+        replica.closed = True
+        replica.end = replica.end or "failed"
+        if replica.publisher is not None:
+            replica.publisher.failures[replica.sink.name] = replica.publisher.failures.get(replica.sink.name, 0) + 1
+        warnings.warn(f"{replica.sink.name}: publishing stopped ({type(exc).__name__}: {str(exc)[:300]}); the other "
+                      f"trackers go on and the journal keeps every frame for `posttrain-metrics export`",
+                      stacklevel=2)
+        return 0
+
+
+def _parent_gone(parent_pid: int | None) -> bool:
+    return parent_pid is not None and os.getppid() != parent_pid
+
+
+def follow(
+    path: str | os.PathLike[str],
+    sinks: Sequence[Sink],
+    *,
+    follow: bool = True,
+    parent_pid: int | None = None,
+    stop: threading.Event | None = None,
+    poll: float = 0.05,
+    batch: int = 512,
+    report: bool = True,
+    grace: float = 10.0,
+    adapters: Sequence[Any] | None = None,
+) -> dict[str, Any]:
+    """Feed ``sinks`` from the journal at ``path`` until the run ends; returns the final status.
+
+    With ``follow`` the journal is tailed until its end record (then every sink is closed with the
+    run's status); if the trainer (``parent_pid``) is gone first, every complete line is drained and
+    the sinks are closed with status ``killed``. Without ``follow`` what is there is published and the
+    sinks are closed with the end record's status, or ``killed`` when there is none (a run that never
+    closed). ``stop`` (the in-process mode) ends the loop after a last drain, like a trainer gone.
+    Progress and the trackers' run ids go to :func:`status_path` when ``report``.
+    """
+    journal = Path(path)
+    replicas = [Replica(journal, sink, batch=batch, adapters=adapters) for sink in sinks]
+    where = status_path(journal)
+    started = time.time()
+    last_report = 0.0
+    state = "running"
+
+    def snapshot(final: str | None = None) -> dict[str, Any]:
+        return {
+            "pid": os.getpid(), "state": final or state, "started": started, "time": time.time(),
+            "sinks": {r.sink.name: {"frames": r.frames, "written": r.written, "already_held": r.skipped,
+                                    "handles": r.handles()} for r in replicas},
+            "failures": {r.sink.name: n for r in replicas if r.publisher
+                         for n in [r.publisher.failures.get(r.sink.name, 0)] if n},
+            "unstarted": sorted(r.sink.name for r in replicas if r.publisher and r.publisher.unstarted),
+        }
+
+    gone_since: float | None = None
+    reported_runs = 0
+    while True:
+        moved = sum(_step(r) for r in replicas)
+        now = time.monotonic()
+        runs = sum(1 for r in replicas if r.publisher is not None and r.publisher.run is not None)
+        if report and (now - last_report > 0.5 or runs != reported_runs):
+            last_report, reported_runs = now, runs  # a tracker's run ids are reported as soon as it starts
+            write_status(where, snapshot())
+        if moved:
+            continue
+        live = [r for r in replicas if not r.closed]  # a replica that broke is closed already
+        ends = {r.end for r in live}
+        if not live or (len(ends) == 1 and None not in ends):
+            status = (ends.pop() if live else None) or journal_closed(journal) or "finished"
+            break
+        stopping = stop is not None and stop.is_set()
+        done = not follow or stopping or _parent_gone(parent_pid)
+        closed = journal_closed(journal)
+        if done or closed:
+            # Nothing more comes. A sink that is not ready (its tracker down, a full backlog) gets a
+            # bounded time to take the rest, then is closed: its close says what it could not send.
+            gone_since = gone_since or now
+            stuck = [r for r in live if r.end is None and not r.ready()]
+            if (done and not stuck) or (stuck and now - gone_since > grace):
+                status = closed or next((e for e in ends if e), None) or "killed"
+                break
+        time.sleep(poll)
+    for r in replicas:
+        r.close(r.end or status)
+    state = "closed"
+    final = snapshot("closed")
+    final["status"] = status
+    if report:
+        write_status(where, final)
+    if status == "killed":
+        warnings.warn(f"{journal}: the trainer stopped without closing the run; the trackers hold every frame "
+                      f"of the journal and mark the run killed", stacklevel=2)
+    return final

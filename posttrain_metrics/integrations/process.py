@@ -1,0 +1,123 @@
+"""The publisher process, seen from the trainer: start it, notice when it dies, restart it, wait for it.
+
+The trainer writes the tracker sinks' configs next to the journal (``<journal>.sinks.json``, mode
+0600: a sink's options may hold a tracking URI with a password) and starts
+``python -m posttrain_metrics.cli publish <journal> --follow --parent-pid <trainer pid>`` in its own
+session (a Ctrl-C to the trainer's terminal does not reach it: it must outlive a trainer that dies
+to drain the journal and mark the run killed). Its stdout is discarded; its warnings go to the
+trainer's stderr. ``check`` (called after each journal line, a syscall at most once a second) warns
+once and restarts a publisher that died; the new one resumes from what each tracker holds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["MAX_RESTARTS", "PublisherProcess", "sinks_path"]
+
+MAX_RESTARTS = 10
+"""A publisher that keeps dying (a bug, a tracker that crashes it) is restarted this many times."""
+
+
+def sinks_path(journal: Path) -> Path:
+    """The tracker sinks of a run, as configs: ``<journal>.sinks.json``."""
+    return journal.with_name(journal.name + ".sinks.json")
+
+
+class PublisherProcess:
+    """One publisher process for the journal at ``journal`` and the sinks ``configs``."""
+
+    def __init__(self, journal: Path, configs: Sequence[Mapping[str, Any]], *, check_every: float = 1.0,
+                 imports: Sequence[str] = ()) -> None:
+        self.journal = journal
+        self.imports = tuple(imports)  # modules that register the run's own adapters
+        self.configs = [dict(c) for c in configs]
+        self.check_every = check_every
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.restarts = 0
+        self._checked = 0.0
+        self._closing = False
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode if self.proc is not None else None
+
+    def command(self) -> str:
+        """The command that finishes publishing this journal by hand."""
+        imports = "".join(f"--import {shlex.quote(m)} " for m in self.imports)
+        return f"posttrain-metrics {imports}publish {shlex.quote(str(self.journal))}"
+
+    def start(self) -> None:
+        path = sinks_path(self.journal)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump({"sinks": self.configs}, f)
+        os.replace(tmp, path)
+        self._spawn()
+
+    def _spawn(self) -> None:
+        imports = [arg for module in self.imports for arg in ("--import", module)]
+        cmd = [sys.executable, "-m", "posttrain_metrics.cli", *imports, "publish", str(self.journal), "--follow",
+               "--parent-pid", str(os.getpid())]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     start_new_session=True)
+        self._checked = time.monotonic()
+
+    def check(self) -> None:
+        """Restart the publisher if it died (warned once); at most one syscall per ``check_every``."""
+        now = time.monotonic()
+        if self._closing or self.proc is None or now - self._checked < self.check_every:
+            return
+        self._checked = now
+        code = self.proc.poll()
+        if code is None:
+            return
+        self._restart(code)
+
+    def _restart(self, code: int) -> None:
+        self.restarts += 1
+        if self.restarts == 1:
+            warnings.warn(
+                f"the publisher process (pid {self.pid}) exited with status {code} before the run's end; "
+                "training is not affected and the journal keeps every frame. Restarted; it resumes from "
+                "what each tracker holds (warned once, counted in restarts)",
+                stacklevel=4,
+            )
+        if self.restarts <= MAX_RESTARTS:
+            self._spawn()
+        elif self.restarts == MAX_RESTARTS + 1:
+            warnings.warn(f"the publisher process died {MAX_RESTARTS} times; not restarted again. The journal "
+                          f"keeps every frame: `{self.command()}` publishes them", stacklevel=4)
+
+    def wait(self, timeout: float) -> bool:
+        """Wait for the publisher to close the trackers (it does on the journal's end record)."""
+        self._closing = True
+        if self.proc is None:
+            return True
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        if self.proc.returncode and self.restarts < MAX_RESTARTS:
+            # It died before the end record: one more, which drains and closes (the end is written).
+            self._restart(self.proc.returncode)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                return False
+        return True
