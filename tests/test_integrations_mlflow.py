@@ -475,8 +475,11 @@ def test_dead_server_costs_the_sink_not_the_step(tmp_path: Path, mlflow_server: 
             pub.publish(frame)
         client = MlflowClient(mlflow_server)
         deadline = time.monotonic() + 20
-        while len(history(client, sink.run_id, "train/loss_avg")) < 3 and time.monotonic() < deadline:
+        # the follower thread starts the sink (and so learns its run id) on its own time
+        while time.monotonic() < deadline and (
+                sink.run_id is None or len(history(client, sink.run_id, "train/loss_avg")) < 3):
             time.sleep(0.05)
+        assert sink.run_id is not None and len(history(client, sink.run_id, "train/loss_avg")) == 3
         outage.down()
         hold.clear()
         with pytest.warns(UserWarning, match="degraded"):
