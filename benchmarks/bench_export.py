@@ -45,9 +45,9 @@ from _mlflow_server import start_server, stop_server  # tests/, put on sys.path 
 from posttrain_metrics import Frame
 from posttrain_metrics.export import export
 from posttrain_metrics.integrations.base import RunInfo
-from posttrain_metrics.integrations.journal import Journal, JournalSink, read_journal
 from posttrain_metrics.integrations.mlflow import RUN_ID_TAG
-from posttrain_metrics.integrations.publisher import Publisher
+from posttrain_metrics.journal import Journal, JournalSink, read_journal
+from posttrain_metrics.publication.publisher import Publisher
 
 PROBE_KEY = "train/loss_avg"
 RUN_ID = "benchexport0001"

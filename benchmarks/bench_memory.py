@@ -43,9 +43,9 @@ from _common import GRPO_ADAPTERS, load, machine, make_windows
 
 from posttrain_metrics import MetricReducer
 from posttrain_metrics.integrations.console import ConsoleSink
-from posttrain_metrics.integrations.journal import JournalSink
-from posttrain_metrics.integrations.publisher import Publisher
 from posttrain_metrics.integrations.tensorboard import TensorBoardSink
+from posttrain_metrics.journal import JournalSink
+from posttrain_metrics.publication.publisher import Publisher
 
 MB = 1024 * 1024
 

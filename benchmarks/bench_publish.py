@@ -59,11 +59,11 @@ from _mlflow_server import free_port, start_server, stop_server  # tests/, put o
 
 from posttrain_metrics import Frame, MetricReducer, reduce_metrics
 from posttrain_metrics.integrations.console import ConsoleSink
-from posttrain_metrics.integrations.journal import JournalSink, read_journal
 from posttrain_metrics.integrations.mlflow import RUN_ID_TAG, MlflowSink
-from posttrain_metrics.integrations.publisher import Publisher, display_frame
 from posttrain_metrics.integrations.tensorboard import TensorBoardSink
 from posttrain_metrics.integrations.wandb import WandbSink
+from posttrain_metrics.journal import JournalSink, read_journal
+from posttrain_metrics.publication.publisher import Publisher, display_frame
 
 PROBE_KEY = "train/loss_avg"
 

@@ -18,7 +18,7 @@ from .core.errors import MetricsError
 from .core.printable import printable
 from .core.redact import redact_text
 from .core.reduction import Reduction
-from .integrations.journal import Journal, read_journal
+from .journal import Journal, read_journal
 
 __all__ = ["main"]
 
@@ -117,8 +117,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_publish(args: argparse.Namespace) -> int:
     from .integrations.factory import build_sink
-    from .integrations.follower import follow
-    from .integrations.process import sinks_path
+    from .publication.follower import follow
+    from .publication.process import sinks_path
 
     journal = Path(args.journal)
     spec = sinks_path(journal)

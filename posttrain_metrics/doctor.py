@@ -180,8 +180,8 @@ SC_TOKENS = "train/sc_token_count"
 
 
 class JournalLike(Protocol):
-    """What the doctor needs of a journal (``integrations.journal.Journal`` has it); core does not
-    import integrations, so it names the shape rather than the class."""
+    """What the doctor needs of a journal (``posttrain_metrics.journal.Journal`` has it); the doctor does not
+    import the journal, so it names the shape rather than the class."""
 
     @property
     def path(self) -> os.PathLike[str]: ...

@@ -1,6 +1,6 @@
 """``posttrain-metrics export``: replay a journal into TensorBoard, MLflow or W&B.
 
-Frames go through the same :class:`~posttrain_metrics.integrations.Publisher` path as live
+Frames go through the same :class:`~posttrain_metrics.publication.Publisher` path as live
 publication (label indicators, non-finite policy, step axis, summaries, layout), so an exported run
 looks like a live one. Export is idempotent and resumable because it reads the target back first and
 sends only the frames it does not hold yet: TensorBoard's event files in the log dir, the MLflow run
@@ -20,8 +20,9 @@ from typing import TypeVar
 from .core.errors import MetricsError
 from .core.redact import redact_text
 from .integrations.base import Sink
-from .integrations.follower import Record, Replica, mlflow_run
-from .integrations.journal import Journal
+from .integrations.mlflow import mlflow_run
+from .journal import Journal, Record
+from .publication.follower import Replica
 
 __all__ = ["export"]
 

@@ -45,7 +45,9 @@ from posttrain_metrics import (
 )
 from posttrain_metrics.core.values import materialize
 from posttrain_metrics.doctor import run_checks
-from posttrain_metrics.integrations import JournalSink, MemorySink, Publisher, read_journal
+from posttrain_metrics.integrations import MemorySink
+from posttrain_metrics.journal import JournalSink, read_journal
+from posttrain_metrics.publication import Publisher
 
 R = Reduction
 
@@ -806,7 +808,7 @@ def test_doctor_and_console_escape_control_characters_from_a_journal(
 
     from posttrain_metrics.cli import main
     from posttrain_metrics.integrations.console import ConsoleSink
-    from posttrain_metrics.integrations.publisher import Publisher as Pub
+    from posttrain_metrics.publication.publisher import Publisher as Pub
 
     forged = "x\r\x1b[2K\nhealthy: none of the checks fired\x1b]0;owned\x07\u202e"
     header = {"format": "posttrain-metrics-journal", "version": 1, "kind": "header", "run_id": "ctl01",

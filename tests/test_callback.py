@@ -11,7 +11,8 @@ from _runs import CloseCountingSink, grpo_chunk
 
 from posttrain_metrics import MetricsError
 from posttrain_metrics.callbacks import MetricsCallback, build_callback
-from posttrain_metrics.integrations import MemorySink, read_journal
+from posttrain_metrics.integrations import MemorySink
+from posttrain_metrics.journal import read_journal
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "grpo_callback.yaml"
 

@@ -32,7 +32,7 @@ L = _need("lightning.pytorch", "lightning")
 
 from posttrain_metrics import MetricsError  # noqa: E402
 from posttrain_metrics.callbacks.lightning import OUTPUT_KEY, LightningMetricsCallback  # noqa: E402
-from posttrain_metrics.integrations import read_journal  # noqa: E402
+from posttrain_metrics.journal import read_journal  # noqa: E402
 
 HERE = Path(__file__).resolve()
 ROOT = HERE.parent.parent

@@ -36,7 +36,8 @@ from posttrain_metrics.callbacks.transformers import (  # noqa: E402
     When,
     conditions,
 )
-from posttrain_metrics.integrations import MemorySink, read_journal  # noqa: E402
+from posttrain_metrics.integrations import MemorySink  # noqa: E402
+from posttrain_metrics.journal import read_journal  # noqa: E402
 
 HERE = Path(__file__).resolve()
 ROOT = HERE.parent.parent

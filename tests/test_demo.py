@@ -13,8 +13,8 @@ from posttrain_metrics import get_adapter
 from posttrain_metrics.core.keys import describe, headline_keys
 from posttrain_metrics.demo.grpo_toy import NullHooks, ToyConfig, run_distributed
 from posttrain_metrics.demo.main import DEMO_ADAPTERS
-from posttrain_metrics.integrations.journal import read_journal
 from posttrain_metrics.integrations.wandb_reader import read_offline_run
+from posttrain_metrics.journal import read_journal
 
 STEPS = 10  # one validation frame at step 10
 

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from posttrain_metrics.integrations import read_journal
+from posttrain_metrics.journal import read_journal
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -18,11 +18,12 @@ from _runs import GRPO_ADAPTERS, grpo_run, nonfinite_frame
 
 from posttrain_metrics import Frame
 from posttrain_metrics.cli import main
-from posttrain_metrics.integrations import JournalSink, Publisher, read_journal
 from posttrain_metrics.integrations.mlflow import RUN_ID_TAG, MlflowSink
 from posttrain_metrics.integrations.tensorboard import TensorBoardSink
 from posttrain_metrics.integrations.wandb import WandbSink
 from posttrain_metrics.integrations.wandb_reader import read_offline_run
+from posttrain_metrics.journal import JournalSink, read_journal
+from posttrain_metrics.publication import Publisher
 
 RUN_ID = "exportrun0001"
 
@@ -289,7 +290,7 @@ def test_publish_by_hand_finishes_what_a_stopped_publisher_left(tmp_path: Path, 
     """The publisher process never ran (or was stopped): the journal and the sinks file are there,
     and `posttrain-metrics publish <journal>`, the command close() names, publishes every frame and
     closes the run with the journal's status; a second run sends nothing."""
-    from posttrain_metrics.integrations import process
+    from posttrain_metrics.publication import process
 
     monkeypatch.setattr(process.PublisherProcess, "_spawn", lambda self: None)  # a publisher that never ran
     journal = tmp_path / "journal.jsonl"

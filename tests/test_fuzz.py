@@ -28,7 +28,9 @@ from hypothesis import strategies as st
 from posttrain_metrics import Frame, MetricReducer, MetricsError, get_adapter, reduce_metrics
 from posttrain_metrics.core.keys import describe
 from posttrain_metrics.doctor import run_checks
-from posttrain_metrics.integrations import JournalSink, MemorySink, Publisher, read_journal
+from posttrain_metrics.integrations import MemorySink
+from posttrain_metrics.journal import JournalSink, read_journal
+from posttrain_metrics.publication import Publisher
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -23,7 +23,8 @@ from posttrain_metrics.doctor import (
     run_checks,
     step_ranges,
 )
-from posttrain_metrics.integrations import JournalSink, Publisher, read_journal
+from posttrain_metrics.journal import JournalSink, read_journal
+from posttrain_metrics.publication import Publisher
 
 HEALTHY_CONFIG = {"rl": {"n_mini": 2}, "rollout": {"max_tokens": 16}}
 

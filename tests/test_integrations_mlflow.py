@@ -33,8 +33,10 @@ from posttrain_metrics import Frame
 from posttrain_metrics.core.keys import describe
 from posttrain_metrics.core.redact import REDACTED
 from posttrain_metrics.core.reducer import resolve_adapters
-from posttrain_metrics.integrations import JournalSink, Publisher, RunInfo, read_journal
+from posttrain_metrics.integrations import RunInfo
 from posttrain_metrics.integrations.mlflow import INSTALL, MlflowSink
+from posttrain_metrics.journal import JournalSink, read_journal
+from posttrain_metrics.publication import Publisher
 
 SECRET = "hunter2-secret"
 URI_SECRET = "hunter2-uri-pw"

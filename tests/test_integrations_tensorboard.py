@@ -29,7 +29,7 @@ from posttrain_metrics import Frame, Metric, MetricAdapter, MetricsError, Reduct
 from posttrain_metrics.core.catalog.ppo import POLICY_WINDOW_LEAVES
 from posttrain_metrics.core.keys import describe
 from posttrain_metrics.core.redact import REDACTED
-from posttrain_metrics.integrations import JournalSink, Publisher, Sink, read_journal
+from posttrain_metrics.integrations import Sink
 from posttrain_metrics.integrations.tensorboard import (
     AGGREGATE_PREFIX,
     CONFIG_TAG,
@@ -38,6 +38,8 @@ from posttrain_metrics.integrations.tensorboard import (
     TensorBoardSink,
     dashboard_layout,
 )
+from posttrain_metrics.journal import JournalSink, read_journal
+from posttrain_metrics.publication import Publisher
 
 try:
     from tensorboard.backend.event_processing import event_accumulator as ea
@@ -219,7 +221,7 @@ KILLED = """
 import os, sys
 sys.path.insert(0, sys.argv[2])
 from _runs import GRPO_ADAPTERS, grpo_run
-from posttrain_metrics.integrations import Publisher
+from posttrain_metrics.publication import Publisher
 from posttrain_metrics.integrations.tensorboard import TensorBoardSink
 
 # background=False: the sink's flush at each step boundary is under test, not the publisher's queue

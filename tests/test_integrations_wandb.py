@@ -33,9 +33,11 @@ from posttrain_metrics import Frame, MetricsError
 from posttrain_metrics.core.keys import KeyInfo
 from posttrain_metrics.core.redact import REDACTED
 from posttrain_metrics.core.reduction import Reduction
-from posttrain_metrics.integrations import JournalSink, Publisher, Sink, read_journal
+from posttrain_metrics.integrations import Sink
 from posttrain_metrics.integrations.wandb import NAMESPACES, RUN_PREFIX, STEP_KEY, WandbSink, resolve_mode
 from posttrain_metrics.integrations.wandb_reader import OfflineRun, read_offline_run
+from posttrain_metrics.journal import JournalSink, read_journal
+from posttrain_metrics.publication import Publisher
 
 SECRET = "sk-live-0123456789abcdefghijklmnop"
 DB_PASSWORD = "hunter2-very-secret-pw"

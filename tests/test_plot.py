@@ -15,8 +15,9 @@ from _runs import GRPO_ADAPTERS, dpo_run, grpo_run, nonfinite_frame, ppo_run
 from posttrain_metrics import Frame, MetricsError
 from posttrain_metrics.cli import main
 from posttrain_metrics.doctor import Finding, Severity, run_checks
-from posttrain_metrics.integrations import Journal, JournalSink, Publisher, read_journal
+from posttrain_metrics.journal import Journal, JournalSink, read_journal
 from posttrain_metrics.plot import dashboard
+from posttrain_metrics.publication import Publisher
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

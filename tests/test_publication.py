@@ -23,7 +23,9 @@ from posttrain_metrics import Frame, MetricsError, get_adapter
 from posttrain_metrics.core.keys import describe
 from posttrain_metrics.core.redact import REDACTED, flatten_config, is_secret_key
 from posttrain_metrics.core.summary import RunSummary
-from posttrain_metrics.integrations import ConsoleSink, JournalSink, MemorySink, Publisher, read_journal
+from posttrain_metrics.integrations import ConsoleSink, MemorySink
+from posttrain_metrics.journal import JournalSink, read_journal
+from posttrain_metrics.publication import Publisher
 
 
 def publish(frames: list[Frame], sinks: list, adapters=GRPO_ADAPTERS, config=None, failed=False) -> Publisher:
@@ -406,7 +408,8 @@ CRASH = """
 import sys
 sys.path.insert(0, sys.argv[2])
 from _runs import GRPO_ADAPTERS, grpo_run
-from posttrain_metrics.integrations import JournalSink, Publisher
+from posttrain_metrics.journal import JournalSink
+from posttrain_metrics.publication import Publisher
 pub = Publisher([JournalSink(sys.argv[1])], adapters=GRPO_ADAPTERS)
 pub.start({})
 pub.publish(grpo_run(steps=1)[0])
@@ -437,7 +440,7 @@ def test_before_the_process_group_exists_the_launchers_rank_decides(monkeypatch)
 def test_the_journal_reads_the_same_with_either_encoder(tmp_path, monkeypatch):
     """Frame lines go through orjson when it is installed (the training thread's main cost), else
     json: the same strict JSON, read back to the same frames."""
-    import posttrain_metrics.integrations.journal as journal_module
+    import posttrain_metrics.journal as journal_module
 
     frames = [*grpo_run(steps=3), nonfinite_frame(4)]
     publish(frames, [JournalSink(tmp_path / "fast.jsonl")])

@@ -25,7 +25,8 @@ from test_distributed import GAP, GRPO_STEP, assert_same_metrics, chunks_per_ran
 
 from posttrain_metrics import MetricReducer, MetricsError, get_adapter, reduce_metrics
 from posttrain_metrics.callbacks.ray import RayDriver, gather, resolve
-from posttrain_metrics.integrations import MemorySink, Publisher
+from posttrain_metrics.integrations import MemorySink
+from posttrain_metrics.publication import Publisher
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -41,10 +41,11 @@ from mlflow import MlflowClient
 
 from posttrain_metrics import Frame, MetricReducer
 from posttrain_metrics.cli import main
-from posttrain_metrics.integrations import JournalSink, Publisher, read_journal
 from posttrain_metrics.integrations.mlflow import RUN_ID_TAG, MlflowSink
 from posttrain_metrics.integrations.tensorboard import TensorBoardSink
 from posttrain_metrics.integrations.wandb import WandbSink
+from posttrain_metrics.journal import JournalSink, read_journal
+from posttrain_metrics.publication import Publisher
 
 TESTS = Path(__file__).resolve().parent
 HTTP_ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_HTTP_REQUEST_MAX_RETRIES",

@@ -30,7 +30,7 @@ from ..core.layout import RefusedChunk
 from ..core.reducer import AdapterSpec, MetricReducer
 from ..integrations.base import Sink
 from ..integrations.factory import build_sink, check_callback, plain, safe_name
-from ..integrations.publisher import Publisher
+from ..publication import Publisher
 
 __all__ = ["MetricsCallback", "build_callback"]
 
@@ -44,7 +44,7 @@ class MetricsCallback:
     0 starts and writes them. ``publisher`` says where the trackers are written: ``"process"`` (the
     default: a publisher process tails the journal; the training thread writes only the journal and
     console lines), ``"thread"`` (the same, on a thread of this process) or ``"inline"``; ``close``
-    waits up to ``close_timeout`` seconds for it (see :class:`~posttrain_metrics.integrations.Publisher`).
+    waits up to ``close_timeout`` seconds for it (see :class:`~posttrain_metrics.publication.Publisher`).
     ``imports`` names modules that register your own adapters, for the publisher process to import.
     Use as a context manager, or call ``on_run_end`` in a ``finally``: it is idempotent and also runs
     at interpreter exit. Under a launcher that started several ranks

@@ -4,7 +4,7 @@ The single-controller way (verl, OpenRLHF): actors train, the driver logs. Each 
 :class:`~posttrain_metrics.core.portable.WorkerMetrics`, ``add``s its chunks and returns
 ``export(step, phase=...)`` from a method (``metrics_state`` by default); the driver merges the
 states with the core's own merge and publishes the frame through a
-:class:`~posttrain_metrics.integrations.publisher.Publisher`. No torch.distributed anywhere.
+:class:`~posttrain_metrics.publication.Publisher`. No torch.distributed anywhere.
 
 Ray is imported where used (``pip install 'posttrain-metrics[ray]'``); the merge itself needs no Ray,
 so states that arrive another way go straight to :meth:`RayDriver.publish`.
@@ -19,7 +19,7 @@ from ..core.errors import MetricsError
 from ..core.frame import Frame
 from ..core.portable import DriverReducer, State
 from ..core.reducer import AdapterSpec
-from ..integrations.publisher import Publisher
+from ..publication import Publisher
 
 __all__ = ["RayDriver", "gather", "resolve"]
 

@@ -82,7 +82,7 @@ def run_demo(args: argparse.Namespace) -> int:
 def report(out: Path, summary: Mapping[str, Any], sinks: Sequence[Mapping[str, Any]], seconds: float) -> None:
     """Where everything is, the commands to look at it, and a short health summary."""
     from ..doctor import run_checks
-    from ..integrations.journal import read_journal
+    from ..journal import read_journal
 
     kinds = {s["type"] for s in sinks}
     rel = os.path.relpath(out)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections.abc import Mapping
 from typing import Protocol, runtime_checkable
@@ -10,7 +11,10 @@ from ..core.frame import Frame
 from ..core.keys import KeyInfo
 from ..core.values import Scalar
 
-__all__ = ["RunInfo", "Sink"]
+__all__ = ["Points", "RunInfo", "Sink"]
+
+Points = collections.Counter[tuple[str, int]]
+"""What a tracker holds of a run: how many points of each (key, step)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,7 +29,7 @@ __all__ = ["SINK_TYPES", "build_sink", "check_callback", "check_options", "check
 
 SINK_TYPES: dict[str, tuple[str, str, str | None, str]] = {
     # type: (module, class, path option, default relative path)
-    "journal": ("posttrain_metrics.integrations.journal", "JournalSink", "path", "journal.jsonl"),
+    "journal": ("posttrain_metrics.journal", "JournalSink", "path", "journal.jsonl"),
     "console": ("posttrain_metrics.integrations.console", "ConsoleSink", None, ""),
     "memory": ("posttrain_metrics.integrations.memory", "MemorySink", None, ""),
     "wandb": ("posttrain_metrics.integrations.wandb", "WandbSink", "dir", "."),

@@ -99,14 +99,14 @@ import os
 import re
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from ..core.errors import MetricsError
 from ..core.frame import Frame
 from ..core.redact import redact_text
-from .base import RunInfo
+from .base import Points, RunInfo
 
 __all__ = ["MlflowSink"]
 
@@ -500,8 +500,6 @@ class MlflowSink:
 
     def held_points(self, run_id: str, name: str, keys: Any) -> Any:
         """The (key, step) points MLflow already holds for the run tagged ``run_id``."""
-        from .follower import mlflow_points
-
         _import_mlflow()
         uri, _ = self._resolve_uri()
         if uri.startswith(("http://", "https://")):
@@ -608,3 +606,31 @@ def _span(steps: list[int]) -> str:
     if not steps:
         return "none"
     return str(steps[0]) if len(steps) == 1 else f"{steps[0]}..{steps[-1]}"
+
+
+def mlflow_run(uri: str, run_id: str) -> str | None:
+    """The MLflow run tagged with the journal's run id, in any experiment (a live sink's run)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    for experiment in client.search_experiments():
+        runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.`{RUN_ID_TAG}` = '{run_id}'",
+                                  max_results=1)
+        if runs:
+            return str(runs[0].info.run_id)
+    return None
+
+
+def mlflow_points(uri: str, run_id: str, keys: Iterable[str]) -> Points:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    points: Points = collections.Counter()
+    for experiment in client.search_experiments():
+        runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.`{RUN_ID_TAG}` = '{run_id}'")
+        for run in runs:
+            held = set(run.data.metrics)
+            for key in keys:
+                if key in held:
+                    points.update((key, m.step) for m in client.get_metric_history(run.info.run_id, key))
+    return points

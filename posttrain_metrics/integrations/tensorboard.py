@@ -49,6 +49,7 @@ Values are float32, TensorBoard's scalar type: about seven significant digits, i
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import math
@@ -71,7 +72,7 @@ from ..core.keys import KeyInfo
 from ..core.reduction import Reduction
 from ..core.summary import RunSummary
 from ..core.values import Scalar
-from .base import RunInfo
+from .base import Points, RunInfo
 from .factory import safe_name
 
 __all__ = [
@@ -572,8 +573,6 @@ class TensorBoardSink:
 
     def held_points(self, run_id: str, name: str, keys: Iterable[str]) -> Any:
         """The (tag, step) points the log dir already holds (read back with ``EventAccumulator``)."""
-        from .follower import tensorboard_points
-
         return tensorboard_points(self._resolve(name, run_id))
 
     def run_handles(self) -> dict[str, Any]:
@@ -645,3 +644,16 @@ class TensorBoardSink:
             writer.add_event(self._event(self._last_step, now, [session_end]))
         finally:
             writer.close()
+
+
+def tensorboard_points(log_dir: Path) -> Points:
+    points: Points = collections.Counter()
+    if not log_dir.is_dir() or not any(log_dir.glob("events.out.tfevents.*")):
+        return points
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(log_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    for tag in events.Tags()["scalars"]:
+        points.update((tag, e.step) for e in events.Scalars(tag))
+    return points

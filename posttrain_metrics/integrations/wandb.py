@@ -72,6 +72,7 @@ turns it back on, on purpose.
 
 from __future__ import annotations
 
+import collections
 import math
 import netrc
 import os
@@ -85,7 +86,7 @@ from ..core.frame import Frame
 from ..core.keys import KeyInfo, label_key
 from ..core.reduction import Reduction
 from ..core.summary import RunSummary
-from .base import RunInfo
+from .base import Points, RunInfo
 
 if TYPE_CHECKING:
     from wandb.sdk.wandb_run import Run
@@ -347,8 +348,6 @@ class WandbSink:
 
     def held_points(self, run_id: str, name: str, keys: Any) -> Any:
         """The (key, step) points the offline runs of ``run_id`` under ``dir`` already hold."""
-        from .follower import wandb_points
-
         return wandb_points(self.dir if self.dir is not None else Path.cwd(), run_id)
 
     def run_handles(self) -> dict[str, Any]:
@@ -367,3 +366,18 @@ class WandbSink:
         for key, count in summary.nonfinite.items():
             update[f"{RUN_PREFIX}nonfinite/{key}"] = count
         run.summary.update(update)
+
+
+def wandb_points(directory: Path, run_id: str) -> Points:
+    points: Points = collections.Counter()
+    files = sorted(directory.rglob(f"run-{run_id}.wandb")) if directory.is_dir() else []
+    if not files:
+        return points
+    from .wandb_reader import read_offline_run
+
+    for file in files:
+        for row in read_offline_run(file).history:
+            step = row.get("trainer/step")
+            if isinstance(step, int):
+                points.update((key, step) for key in row if not key.startswith(("_", "trainer/")))
+    return points

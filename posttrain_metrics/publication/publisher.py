@@ -16,7 +16,7 @@ Where the trackers are written (``mode``):
 - ``"process"`` (the default): the training thread writes the journal line and the console line,
   nothing else. A publisher process (``posttrain-metrics publish --follow <journal>``, started at
   ``start`` and restarted if it dies) tails the journal and feeds W&B, MLflow and TensorBoard with
-  the code of ``posttrain-metrics export`` (:mod:`~posttrain_metrics.integrations.follower`). The
+  the code of ``posttrain-metrics export`` (:mod:`~posttrain_metrics.publication.follower`). The
   journal is the queue: a slow or dead tracker only delays its replica, nothing is dropped. Sinks
   given as objects that cannot describe themselves as a config (your own) are fed the same way by a
   thread of this process.
@@ -35,7 +35,6 @@ import atexit
 import inspect
 import json
 import math
-import re
 import sys
 import threading
 import time
@@ -52,15 +51,13 @@ from ..core.keys import KeyInfo, describe, label_key
 from ..core.redact import flatten_config, redact_text
 from ..core.reducer import AdapterSpec, resolve_adapters
 from ..core.values import Scalar
-from .base import RunInfo, Sink
+from ..integrations.base import RunInfo, Sink
+from ..journal import SAFE_RUN_ID
 
 __all__ = ["MODES", "Publisher", "display_frame", "nonfinite_kind"]
 
 MODES = ("process", "thread", "inline")
 
-# Run ids end up in file names (W&B's run-<id>.wandb, a TensorBoard log_dir with {run_id}) and in
-# tracker queries: letters, digits, '_', '-', '.', not starting with '.' or '-'.
-SAFE_RUN_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")  # matched with fullmatch
 
 
 def nonfinite_kind(value: Scalar) -> str | None:

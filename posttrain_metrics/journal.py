@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import mmap
 import os
 import re
 import warnings
@@ -27,15 +28,17 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from ..core.errors import MetricsError
-from ..core.frame import Frame
-from ..core.keys import KeyInfo, describe
-from ..core.reducer import resolve_adapters
-from ..core.values import MAX_EXACT_INT, Scalar
-from .base import RunInfo
-from .publisher import SAFE_RUN_ID
+from .core.errors import MetricsError
+from .core.frame import Frame
+from .core.keys import KeyInfo, describe
+from .core.reducer import resolve_adapters
+from .core.values import MAX_EXACT_INT, Scalar
+from .integrations.base import RunInfo
 
-__all__ = ["FORMAT", "VERSION", "Journal", "JournalSink", "read_journal"]
+__all__ = [
+    "FORMAT", "SAFE_RUN_ID", "VERSION", "Journal", "JournalSink", "JournalTail", "Record", "journal_closed",
+    "last_header", "read_journal",
+]
 
 _orjson: Any = None
 try:  # optional: a faster encoder for the frame lines (the training thread's cost), same JSON
@@ -48,6 +51,10 @@ except ImportError:  # pragma: no cover - exercised where orjson is absent
 FORMAT = "posttrain-metrics-journal"
 VERSION = 1
 _FSYNC = ("close", "step", "never")
+
+# Run ids end up in file names (W&B's run-<id>.wandb, a TensorBoard log_dir with {run_id}) and in
+# tracker queries: letters, digits, '_', '-', '.', not starting with '.' or '-'.
+SAFE_RUN_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")  # matched with fullmatch
 
 
 def _encode(value: Scalar) -> Any:
@@ -381,3 +388,109 @@ def read_journal(path: str | os.PathLike[str]) -> Journal:
     if header is None:
         raise MetricsError(f"{p}: empty journal (no header line)")
     return Journal(p, header, frames, end, notes)
+
+
+# -- following a journal as it grows (the publisher's reader) ----------------------------------------
+
+
+@dataclasses.dataclass
+class Record:
+    """One journal line as the follower needs it."""
+
+    kind: str  # "header", "frame", "end"
+    frame: Frame | None = None
+    header: dict[str, Any] | None = None
+    status: str | None = None
+
+
+class JournalTail:
+    """Reads the complete lines appended to a journal since the last call (a torn last line waits)."""
+
+    def __init__(self, path: Path, offset: int = 0) -> None:
+        self.path = path
+        self.offset = offset
+        self.line_number = 0
+
+    def read(self, limit: int = 1 << 30, max_bytes: int = 8 << 20) -> list[Record]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read(max_bytes)
+        except FileNotFoundError:
+            return []
+        out: list[Record] = []
+        pos = 0
+        while len(out) < limit:
+            end = data.find(b"\n", pos)
+            if end < 0:
+                break
+            line = data[pos:end]
+            pos = end + 1
+            self.line_number += 1
+            if line.strip():
+                out.append(self._parse(line))
+        self.offset += pos
+        return out
+
+    def _parse(self, line: bytes) -> Record:
+        try:
+            record = json.loads(line)
+            kind = record["kind"]
+            if kind == "frame":
+                metrics = {str(k): _decode(v) for k, v in record["metrics"].items()}
+                step = record["step"]
+                if isinstance(step, bool) or not isinstance(step, int):
+                    raise TypeError(f"step {step!r:.40} is not an integer")
+                frame = Frame(step, metrics, str(record.get("phase", "train")), float(record.get("time", 0.0)))
+                return Record("frame", frame=frame)
+            if kind == "header":
+                if record.get("format") != FORMAT:
+                    raise ValueError(f"not a {FORMAT} header")
+                return Record("header", header=record)
+            if kind == "end":
+                return Record("end", status=str(record.get("status", "finished")))
+            raise ValueError(f"unknown record kind {kind!r}")
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            # A crash mid-line followed by a resumed run's header: the torn part is skipped.
+            if b'"kind":"header"' in line and b'{"format"' in line:
+                return self._parse(line[line.index(b'{"format"'):])
+            raise MetricsError(f"{self.path}: line {self.line_number}: not a journal line ({exc!r:.200}); "
+                               "the file is damaged") from None
+
+
+def last_header(path: Path) -> dict[str, Any] | None:
+    """The last header line of the journal (a resumed run appends one), found from the end."""
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            at = data.rfind(b'{"format":"' + FORMAT.encode() + b'"')
+            if at < 0:
+                return None
+            end = data.find(b"\n", at)
+            line = data[at : end if end >= 0 else len(data)]
+    except (OSError, ValueError):  # ValueError: an empty file cannot be mapped
+        return None
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def journal_closed(path: Path) -> str | None:
+    """The status of the journal's end record when its last line is one (the trainer closed the
+    run), else None."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 512))
+            tail = f.read()
+    except OSError:
+        return None
+    last = tail.rstrip(b"\n").rsplit(b"\n", 1)[-1]
+    if b'"kind":"end"' not in last:
+        return None
+    try:
+        return str(json.loads(last).get("status", "finished"))
+    except (ValueError, AttributeError):
+        return None

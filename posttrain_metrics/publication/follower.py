@@ -17,9 +17,7 @@ the trackers with status ``killed``. It is what the publisher process runs
 from __future__ import annotations
 
 import collections
-import dataclasses
 import json
-import mmap
 import os
 import threading
 import time
@@ -31,80 +29,14 @@ from typing import Any
 from ..core.errors import MetricsError
 from ..core.frame import Frame
 from ..core.keys import KeyInfo
-from .base import Sink
-from .journal import FORMAT, _decode
+from ..integrations.base import Points, Sink
+from ..journal import JournalTail, Record, journal_closed, last_header
 from .publisher import Publisher, display_frame, nonfinite_kind
 
 __all__ = ["STATUSES", "JournalTail", "Pending", "Points", "Record", "Replica", "follow", "status_path", "write_status"]
 
-Points = collections.Counter[tuple[str, int]]
 STATUSES = ("finished", "failed", "killed")
 """A run's end status: closed normally, closed because training raised, never closed (killed)."""
-
-
-@dataclasses.dataclass
-class Record:
-    """One journal line as the follower needs it."""
-
-    kind: str  # "header", "frame", "end"
-    frame: Frame | None = None
-    header: dict[str, Any] | None = None
-    status: str | None = None
-
-
-class JournalTail:
-    """Reads the complete lines appended to a journal since the last call (a torn last line waits)."""
-
-    def __init__(self, path: Path, offset: int = 0) -> None:
-        self.path = path
-        self.offset = offset
-        self.line_number = 0
-
-    def read(self, limit: int = 1 << 30, max_bytes: int = 8 << 20) -> list[Record]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read(max_bytes)
-        except FileNotFoundError:
-            return []
-        out: list[Record] = []
-        pos = 0
-        while len(out) < limit:
-            end = data.find(b"\n", pos)
-            if end < 0:
-                break
-            line = data[pos:end]
-            pos = end + 1
-            self.line_number += 1
-            if line.strip():
-                out.append(self._parse(line))
-        self.offset += pos
-        return out
-
-    def _parse(self, line: bytes) -> Record:
-        try:
-            record = json.loads(line)
-            kind = record["kind"]
-            if kind == "frame":
-                metrics = {str(k): _decode(v) for k, v in record["metrics"].items()}
-                step = record["step"]
-                if isinstance(step, bool) or not isinstance(step, int):
-                    raise TypeError(f"step {step!r:.40} is not an integer")
-                frame = Frame(step, metrics, str(record.get("phase", "train")), float(record.get("time", 0.0)))
-                return Record("frame", frame=frame)
-            if kind == "header":
-                if record.get("format") != FORMAT:
-                    raise ValueError(f"not a {FORMAT} header")
-                return Record("header", header=record)
-            if kind == "end":
-                return Record("end", status=str(record.get("status", "finished")))
-            raise ValueError(f"unknown record kind {kind!r}")
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            # A crash mid-line followed by a resumed run's header: the torn part is skipped.
-            if b'"kind":"header"' in line and b'{"format"' in line:
-                return self._parse(line[line.index(b'{"format"'):])
-            raise MetricsError(f"{self.path}: line {self.line_number}: not a journal line ({exc!r:.200}); "
-                               "the file is damaged") from None
 
 
 # -- what a target already holds --------------------------------------------------------------------
@@ -145,66 +77,6 @@ class Pending:
             return True
         self.seen[(key, frame.step)] += 1
         return self.seen[(key, frame.step)] > self.existing[(key, frame.step)]
-
-
-def tensorboard_points(log_dir: Path) -> Points:
-    points: Points = collections.Counter()
-    if not log_dir.is_dir() or not any(log_dir.glob("events.out.tfevents.*")):
-        return points
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events = EventAccumulator(str(log_dir), size_guidance={"scalars": 0})
-    events.Reload()
-    for tag in events.Tags()["scalars"]:
-        points.update((tag, e.step) for e in events.Scalars(tag))
-    return points
-
-
-def mlflow_run(uri: str, run_id: str) -> str | None:
-    """The MLflow run tagged with the journal's run id, in any experiment (a live sink's run)."""
-    from mlflow.tracking import MlflowClient
-
-    from .mlflow import RUN_ID_TAG
-
-    client = MlflowClient(tracking_uri=uri)
-    for experiment in client.search_experiments():
-        runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.`{RUN_ID_TAG}` = '{run_id}'",
-                                  max_results=1)
-        if runs:
-            return str(runs[0].info.run_id)
-    return None
-
-
-def mlflow_points(uri: str, run_id: str, keys: Iterable[str]) -> Points:
-    from mlflow.tracking import MlflowClient
-
-    from .mlflow import RUN_ID_TAG
-
-    client = MlflowClient(tracking_uri=uri)
-    points: Points = collections.Counter()
-    for experiment in client.search_experiments():
-        runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.`{RUN_ID_TAG}` = '{run_id}'")
-        for run in runs:
-            held = set(run.data.metrics)
-            for key in keys:
-                if key in held:
-                    points.update((key, m.step) for m in client.get_metric_history(run.info.run_id, key))
-    return points
-
-
-def wandb_points(directory: Path, run_id: str) -> Points:
-    points: Points = collections.Counter()
-    files = sorted(directory.rglob(f"run-{run_id}.wandb")) if directory.is_dir() else []
-    if not files:
-        return points
-    from .wandb_reader import read_offline_run
-
-    for file in files:
-        for row in read_offline_run(file).history:
-            step = row.get("trainer/step")
-            if isinstance(step, int):
-                points.update((key, step) for key in row if not key.startswith(("_", "trainer/")))
-    return points
 
 
 def held_points(sink: Sink, run_id: str, name: str, keys: Iterable[str]) -> Points:
@@ -348,44 +220,6 @@ def write_status(path: Path, status: Mapping[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(status, default=str))
     os.replace(tmp, path)
-
-
-def last_header(path: Path) -> dict[str, Any] | None:
-    """The last header line of the journal (a resumed run appends one), found from the end."""
-    try:
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            at = data.rfind(b'{"format":"' + FORMAT.encode() + b'"')
-            if at < 0:
-                return None
-            end = data.find(b"\n", at)
-            line = data[at : end if end >= 0 else len(data)]
-    except (OSError, ValueError):  # ValueError: an empty file cannot be mapped
-        return None
-    try:
-        record = json.loads(line)
-    except ValueError:
-        return None
-    return record if isinstance(record, dict) else None
-
-
-def journal_closed(path: Path) -> str | None:
-    """The status of the journal's end record when its last line is one (the trainer closed the
-    run), else None."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - 512))
-            tail = f.read()
-    except OSError:
-        return None
-    last = tail.rstrip(b"\n").rsplit(b"\n", 1)[-1]
-    if b'"kind":"end"' not in last:
-        return None
-    try:
-        return str(json.loads(last).get("status", "finished"))
-    except (ValueError, AttributeError):
-        return None
 
 
 def _step(replica: Replica) -> int:
