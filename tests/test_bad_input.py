@@ -639,6 +639,8 @@ PLANTED: dict[str, tuple[Any, str]] = {
     "JSON text": ({"extra": '{"db": {"password": "Pq29-json-text"}}'}, "Pq29-json-text"),
     "random-looking key": ({"note8": "key material 7fQ2xR9LmK4pZ8wT3vY6nB1cH5jD0sPq30 end"},
                            "7fQ2xR9LmK4pZ8wT3vY6nB1cH5jD0sPq30"),
+    "creds parent": ({"creds": ("svc", "Pq3-creds-in-a-tuple")}, "Pq3-creds-in-a-tuple"),
+    "cred word": ({"db_cred": "Pq3-db-cred"}, "Pq3-db-cred"),
 }
 INNOCENT = {"rl": {"kl_beta": 0.04, "max_tokens": 256, "eos_token": "</s>", "pad_token_id": 0, "sort_key": "len",
                    "pass_at_k": 0.5},

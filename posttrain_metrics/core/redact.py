@@ -50,7 +50,7 @@ REDACTED = "***REDACTED***"
 _SUBSTRINGS = ("password", "passwd", "passphrase", "pwd", "secret", "credential", "apikey", "privatekey",
                "accesskey", "secretkey", "authtoken", "accesstoken", "refreshtoken", "sessiontoken",
                "idtoken", "authorization", "cookie", "webhook", "signature", "bearer", "jwt")
-_WORDS = frozenset({"auth", "oauth", "sig", "netrc", "pat"})
+_WORDS = frozenset({"auth", "oauth", "sig", "netrc", "pat", "cred", "creds"})
 # "token" is a credential unless it is a vocabulary token or a token count.
 _NOT_A_CREDENTIAL_TOKEN = frozenset({"eos", "bos", "pad", "unk", "sep", "cls", "mask", "id", "ids", "level",
                                      "type", "types", "count", "counts", "len", "length", "max", "min",
