@@ -94,7 +94,9 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
+import getpass
 import hashlib
+import math
 import os
 import re
 import time
@@ -105,7 +107,8 @@ from typing import Any
 
 from ..core.errors import MetricsError
 from ..core.frame import Frame
-from ..core.redact import redact_text
+from ..core.redact import param_text, redact_text
+from ..core.summary import RunSummary
 from .base import Points, RunInfo
 
 __all__ = ["MlflowSink"]
@@ -114,6 +117,13 @@ INSTALL = "pip install 'posttrain-metrics[mlflow]'"
 DEFAULT_EXPERIMENT = "posttrain-metrics"
 RUN_ID_TAG = "posttrain_metrics.run_id"
 ADAPTERS_TAG = "posttrain_metrics.adapters"
+RUN_PREFIX = "run/"
+"""The run aggregates are logged at close as ``run/<key>`` metrics."""
+MLFLOW_USER_TAG = "mlflow.user"  # what MLflow's fluent API records as the run's user
+# What MLflow 3's UI reads to choose an experiment's page: "custom_model_development" opens the runs
+# table with metric charts; without it the UI may infer a GenAI experiment (traces, evaluations).
+KIND_TAG = "mlflow.experimentKind"
+KIND = "custom_model_development"
 
 # MLflow's HTTP settings as (environment variable, our default): see the module docstring.
 HTTP_MAX_RETRIES = ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", 2)
@@ -214,7 +224,8 @@ class MlflowSink:
         *,
         tracking_uri: str | None = None,
         dir: str | os.PathLike[str] = "runs",  # the directory of the embedded store
-        experiment: str | None = None,
+        experiment_name: str | None = None,
+        experiment: str | None = None,  # the same, under its older name
         run_name: str | None = None,
         tags: Mapping[str, str] | None = None,
         run_id: str | None = None,
@@ -235,10 +246,15 @@ class MlflowSink:
                 )
         if not (isinstance(drain_timeout, (int, float)) and drain_timeout >= 0):
             raise MetricsError(f"MlflowSink(drain_timeout={drain_timeout!r}): must be a number of seconds >= 0")
+        if experiment_name is not None and experiment is not None and experiment_name != experiment:
+            raise MetricsError(
+                f"MlflowSink(experiment_name={experiment_name!r}, experiment={experiment!r}): two different "
+                "experiments; fix: give experiment_name only (experiment is its older name)"
+            )
         self._uri_arg = tracking_uri
         self.tracking_uri = tracking_uri  # the URI in use once started
         self.dir = Path(dir)
-        self.experiment = experiment
+        self.experiment = experiment_name if experiment_name is not None else experiment
         self.run_name = run_name
         self.tags = dict(tags or {})
         self.run_id = run_id
@@ -262,7 +278,10 @@ class MlflowSink:
         self._held: collections.deque[_Batch] = collections.deque()
         self._degraded = False
         self._failed_probes = 0
-        self._labels: dict[str, str] = {}
+        self._labels: dict[str, str] = {}  # tag -> the last label ("" once a frame of its phase lacks it)
+        self._label_phase: dict[str, tuple[str, str]] = {}  # key -> (tag, phase of the frame that held it)
+        self._summary: RunSummary | None = None
+        self._last_step = 0
         self._closed = False
         self._batched = False
         self._param_limit = self._tag_limit = 0
@@ -318,6 +337,8 @@ class MlflowSink:
         # Which run: the one named by run_id, else the one tagged with the publisher's run id (a
         # restarted job resumes its run), else a new one.
         existing = None
+        if self.run_id is None and self._run_id_arg is None and os.environ.get("MLFLOW_RUN_ID"):
+            self.run_id = os.environ["MLFLOW_RUN_ID"]  # MLflow's own convention for "log to this run"
         if self.run_id is not None:
             existing = client.get_run(self.run_id)
             self.experiment_id = str(existing.info.experiment_id)
@@ -329,7 +350,7 @@ class MlflowSink:
                 )
                 existing = found[0] if found else None
 
-        tags = {RUN_ID_TAG: run.run_id, ADAPTERS_TAG: ",".join(run.adapters)}
+        tags = {RUN_ID_TAG: run.run_id, ADAPTERS_TAG: ",".join(run.adapters), MLFLOW_USER_TAG: _user()}
         for key, value in self.tags.items():
             tags[self._tag_names(str(key))] = self._truncate(str(value), self._tag_limit, "tag", str(key))
         logged: Mapping[str, str] = {}
@@ -343,13 +364,16 @@ class MlflowSink:
         else:
             self.run_id = existing.info.run_id
             client.update_run(self.run_id, status="RUNNING")
+            if MLFLOW_USER_TAG in existing.data.tags:  # the user who created the run stays recorded
+                tags.pop(MLFLOW_USER_TAG, None)
             logged = existing.data.params
         self._client = client
 
+        self._summary = RunSummary(run.keys)
         params: list[tuple[str, str]] = []
-        for key, setting in run.config.items():
+        for key, setting in _params(run.config_tree).items():
             pname = param_names(key)
-            text = self._truncate(str(setting), self._param_limit, "param", key)
+            text = self._truncate(param_text(setting), self._param_limit, "param", key)
             if pname in logged:  # params cannot change in MLflow: a resumed run keeps the first value
                 if logged[pname] != text:
                     warnings.warn(
@@ -383,10 +407,21 @@ class MlflowSink:
             else:
                 os.environ.setdefault(var, str(default))  # never clobber the user's own setting
 
+    def experiment_name(self) -> str:
+        """The experiment the run goes to: ``experiment_name``, else ``MLFLOW_EXPERIMENT_NAME``, else
+        ``posttrain-metrics``."""
+        return self.experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_EXPERIMENT
+
+    def run_settings(self) -> dict[str, Any]:
+        """The experiment, recorded in the journal header (``export --to mlflow`` replays into it)."""
+        return {"experiment_name": self.experiment_name()}
+
     def _experiment(self, client: Any, error: type[Exception], embedded: bool) -> str:
-        name = self.experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_EXPERIMENT
+        name = self.experiment_name()
         found = client.get_experiment_by_name(name)
         if found is not None:
+            if KIND_TAG not in (found.tags or {}):  # an experiment of ours from before, or made by hand
+                client.set_experiment_tag(found.experiment_id, KIND_TAG, KIND)
             return str(found.experiment_id)
         # The embedded store keeps its artifacts next to its database, not in ./mlruns of the cwd.
         location = (self.dir.resolve() / "mlartifacts").as_uri() if embedded else None
@@ -394,7 +429,7 @@ class MlflowSink:
             # Tagged as model development: MLflow 3's UI otherwise opens a new experiment as a GenAI
             # one (traces and evaluations) and hides the metric charts this run is made of.
             return str(client.create_experiment(name, artifact_location=location,
-                                                tags={"mlflow.experimentKind": "custom_model_development"}))
+                                                tags={KIND_TAG: KIND}))
         except error:  # created meanwhile by another process
             found = client.get_experiment_by_name(name)
             if found is None:
@@ -414,11 +449,22 @@ class MlflowSink:
         for key, value in frame.metrics.items():
             if isinstance(value, str):  # a label: a tag, never a metric value
                 tag = self._tag_names(key)
+                self._label_phase[key] = (tag, frame.phase)
                 if self._labels.get(tag) != value:
                     self._labels[tag] = value
                     tags.append((tag, value))
                 continue
             metrics.append((names(key), float(value), stamp, frame.step))
+        # A categorical key absent from a frame of its phase has no label for that window (an applied
+        # update has no skip_reason): its tag is emptied, never left naming a reason that no longer holds.
+        for key, (tag, phase) in list(self._label_phase.items()):
+            if phase == frame.phase and key not in frame.metrics:
+                del self._label_phase[key]
+                self._labels[tag] = ""
+                tags.append((tag, ""))
+        if self._summary is not None:
+            self._summary.add(frame)
+        self._last_step = max(self._last_step, frame.step)
         self._reap()
         if metrics or tags:
             self._queue(_Batch([frame.step], metrics, tags))
@@ -432,6 +478,7 @@ class MlflowSink:
         self._closed = True
         if self._client is None:
             return
+        self._queue_aggregates()
         deadline = time.monotonic() + self.drain_timeout
         probes = self._failed_probes
         while self._pending or self._held:
@@ -466,8 +513,30 @@ class MlflowSink:
             return
         _, _, run_tag = self._entities
         if self._labels:  # batches may land out of order: make the tags hold the last labels
-            self._client.log_batch(self.run_id, tags=[run_tag(k, v) for k, v in self._labels.items()])
+            self._client.log_batch(self.run_id, tags=[run_tag(k, v) for k, v in self._labels.items() if v])
+            for tag in [k for k, v in self._labels.items() if not v]:  # no label at the end: no tag
+                self._client.delete_tag(self.run_id, tag)
         self._client.set_terminated(self.run_id, status=status)
+
+    def _queue_aggregates(self) -> None:
+        """The run aggregates (:class:`~posttrain_metrics.core.summary.RunSummary`) as ``run/<key>``
+        metrics at the last step, so that the runs table shows the run's maximum ``kl_max``, its
+        token-weighted mean loss, its totals and outcome counts, not only each key's last value.
+        An infinite aggregate (a maximum that was +inf) is not logged (MLflow would store it as a
+        finite 1.8e308); ``run/nonfinite/<key>`` counts the non-finite values seen."""
+        summary, names = self._summary, self._metric_names
+        if summary is None or names is None or not summary.frames:
+            return
+        stamp = int(time.time() * 1000)
+        values: dict[str, float] = {}
+        for key, value in summary.values().items():
+            if not isinstance(value, str) and not (isinstance(value, float) and math.isinf(value)):
+                values[f"{RUN_PREFIX}{key}"] = float(value)
+        for key, count in summary.nonfinite.items():
+            values[f"{RUN_PREFIX}nonfinite/{key}"] = float(count)
+        items = [(names(k), v, stamp, self._last_step) for k, v in values.items()]
+        for i in range(0, len(items), self._max_metrics):
+            self._queue(_Batch([], items[i : i + self._max_metrics]))
 
     # ------------------------------------------------------------------ the queue
     def _queue(self, batch: _Batch) -> None:
@@ -493,7 +562,7 @@ class MlflowSink:
     def to_config(self) -> dict[str, Any]:
         """This sink as a config (what the publisher process builds it from)."""
         return {"type": "mlflow", "tracking_uri": self._uri_arg, "dir": str(self.dir.resolve()),
-                "experiment": self.experiment, "run_name": self.run_name, "tags": self.tags,
+                "experiment_name": self.experiment, "run_name": self.run_name, "tags": self.tags,
                 "run_id": self._run_id_arg, "http_max_retries": self.http_max_retries,
                 "http_timeout": self.http_timeout, "http_backoff_factor": self.http_backoff_factor,
                 "max_pending": self.max_pending, "backlog": self.backlog, "drain_timeout": self.drain_timeout}
@@ -595,6 +664,27 @@ class MlflowSink:
             stacklevel=3,
         )
         return text[:limit]
+
+
+def _user() -> str:
+    """The user creating the run, as MLflow's own ``start_run`` records it (``mlflow.user``)."""
+    try:
+        return getpass.getuser()
+    except Exception:  # no login name (a container without passwd entry): MLflow records "unknown"
+        return "unknown"
+
+
+def _params(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested mappings flattened to ``a/b`` parameter names; a list stays one parameter
+    (``optim/betas = [0.9, 0.95]``), an empty mapping one parameter ``{}``."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out.update(_params(value, f"{name}/"))
+        else:
+            out[name] = dict(value) if isinstance(value, Mapping) else value
+    return out
 
 
 def _futures(operations: Any) -> list[concurrent.futures.Future[Any]]:
