@@ -10,12 +10,23 @@ What MLflow shows
 - **Categorical keys** (``optim/update_outcome``, ``optim/skip_reason``): a run tag with the last
   label (``optim/update_outcome = skipped``), plus one 0/1 metric per label
   (``optim/update_outcome/skipped``) so outcomes chart. A string is never passed as a metric value.
-- **Params**: the run's flattened config (``rl/kl_beta``), already redacted (passwords, tokens, API
-  keys and the password of a ``user:password@`` URI read ``***REDACTED***``). Values longer than
+  A key absent from a later frame of its phase (``optim/skip_reason`` after an applied update) has
+  its tag emptied, and removed at close: the tag never names a reason that no longer holds.
+- **Run aggregates**: at close, ``run/<key>`` metrics at the last step from
+  :class:`~posttrain_metrics.core.summary.RunSummary` (token-weighted run means, totals, maxima and
+  minima, the last value of last-value keys, counts per label), so the runs table shows the run's
+  maximum ``kl_max`` next to its last value. They cover the frames this sink was given (infinite
+  values are removed upstream for MLflow, so a maximum is the largest finite value);
+  ``run/nonfinite/<key>`` counts NaN values.
+- **Params**: the run's config, nested keys joined with ``/`` (``rl/kl_beta``), a list as one param
+  in JSON (``optim/betas = [0.9, 0.95]``, never ``optim/betas/0``), other values as
+  ``mlflow.log_param`` writes them (``True``, ``None``); already redacted at every depth (passwords,
+  tokens, API keys and the password of a ``user:password@`` URI read ``***REDACTED***``). Values longer than
   MLflow's ``MAX_PARAM_VAL_LENGTH`` (6000 characters) are truncated with a warning (the journal
   keeps the full value); params go in batches of ``MAX_PARAMS_TAGS_PER_BATCH``.
 - **Tags**: ``posttrain_metrics.run_id`` (the publisher's run id, used to resume),
-  ``posttrain_metrics.adapters``, and the ``tags`` you pass. The run name is ``run_name`` or the
+  ``posttrain_metrics.adapters``, ``mlflow.user`` (the user who created the run, as MLflow's
+  ``start_run`` records it; kept when the run is resumed), and the ``tags`` you pass. The run name is ``run_name`` or the
   publisher's.
 - **Status**: ``FINISHED``; ``FAILED`` when the run ends with ``close(failed=True)`` (the
   publisher passes that when training raised); ``KILLED`` for a run that never closed (its journal
@@ -83,8 +94,11 @@ defaults: 7 retries, 120 s timeout, factor 2, about 4 minutes for a refused conn
 Where the run goes: ``tracking_uri`` if given, else ``MLFLOW_TRACKING_URI`` from the environment,
 else an embedded SQLite store ``sqlite:///<dir>/mlflow.db`` (no server; artifacts under
 ``<dir>/mlartifacts``; browse it with ``mlflow ui --backend-store-uri sqlite:///<dir>/mlflow.db``).
-The experiment is ``experiment``, else ``MLFLOW_EXPERIMENT_NAME``, else ``posttrain-metrics``.
-``run_id`` targets an existing MLflow run; otherwise a run tagged with the publisher's run id is
+The experiment is ``experiment_name`` (``experiment``, its older name, is accepted), else
+``MLFLOW_EXPERIMENT_NAME``, else ``posttrain-metrics``; it is tagged
+``mlflow.experimentKind = custom_model_development`` (set on an existing experiment without it),
+which MLflow 3's UI reads to open the experiment on its runs table with metric charts rather than
+its GenAI overview. ``run_id``, else ``MLFLOW_RUN_ID``, targets an existing MLflow run; otherwise a run tagged with the publisher's run id is
 resumed when one exists in the experiment (a restarted job continues its run), and a new run is
 created when none does.
 """
@@ -211,7 +225,7 @@ class MlflowSink:
     several sinks can coexist), with MLflow's asynchronous batch logging. See the module docstring
     for what MLflow shows and the failure policy.
 
-    >>> sink = MlflowSink(dir="runs/demo", experiment="grpo-sweep")  # no I/O, no mlflow import yet
+    >>> sink = MlflowSink(dir="runs/demo", experiment_name="grpo-sweep")  # no I/O, no mlflow import yet
     >>> sink.name, sorted(sink.stores_nonfinite)
     ('mlflow', ['nan'])
     """

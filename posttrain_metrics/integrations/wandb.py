@@ -57,8 +57,23 @@ aggregate that is itself NaN (a key that was never finite) is stored by W&B as `
 **Absent stays absent.** A key missing from a frame is missing from that row (PPO's critic-warmup
 steps have no policy keys); nothing is zero-filled.
 
-**Config and exit code.** The run config is the publisher's flat (`a/b`), redacted config.
-`close(failed=True)` finishes the run with exit code 1 (W&B shows it failed), else 0; a run that
+**W&B's own environment variables.** Each of `project`, `entity`, `group`, `tags`, `notes`,
+`job_type` and `dir` that the arguments leave out is read, when the sink is constructed, from
+`WANDB_PROJECT`, `WANDB_ENTITY`, `WANDB_RUN_GROUP`, `WANDB_TAGS` (comma-separated), `WANDB_NOTES`,
+`WANDB_JOB_TYPE` and `WANDB_DIR`, as `wandb.init` itself would; `WANDB_MODE` at start (above). An
+explicit argument always wins. Without a project anywhere, W&B's default applies
+(`uncategorized`). `run_settings()` (the project and entity) goes into the journal header, so
+`posttrain-metrics export --to wandb` replays into the same place.
+
+**Labels that no longer hold.** A categorical key absent from a later frame of its phase
+(`optim/skip_reason` after an applied update) has its summary column set to null: the runs table
+never shows a skip reason of an earlier window as the run's last one. History keeps every label.
+
+**A run id seen before** is resumed (`resume="allow"` by default): a restarted job that passes its
+run id again continues its W&B run; a new run id is a new run.
+
+**Config and exit code.** The run config is nested as the trainer passed it (lists as lists,
+`None` as null), redacted at every depth (`RunInfo.config_tree`). `close(failed=True)` finishes the run with exit code 1 (W&B shows it failed), else 0; a run that
 never closed (its trainer was killed, the publisher drained its journal) with exit code 137, and
 the summary's `posttrain_metrics/status` says `finished`, `failed` or `killed`. `close`
 returns once W&B has acknowledged the end of the run; its background process finishes writing
