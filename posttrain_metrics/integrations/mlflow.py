@@ -107,6 +107,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import dataclasses
 import getpass
 import hashlib
@@ -435,7 +436,12 @@ class MlflowSink:
         found = client.get_experiment_by_name(name)
         if found is not None:
             if KIND_TAG not in (found.tags or {}):  # an experiment of ours from before, or made by hand
-                client.set_experiment_tag(found.experiment_id, KIND_TAG, KIND)
+                try:
+                    client.set_experiment_tag(found.experiment_id, KIND_TAG, KIND)
+                except error as exc:  # not allowed to tag it: the UI's default view is all we lose
+                    warnings.warn(f"mlflow: could not tag experiment {name!r} with {KIND_TAG}={KIND} "
+                                  f"({redact_text(str(exc))[:200]}); its page may open on MLflow's GenAI overview",
+                                  stacklevel=3)
             return str(found.experiment_id)
         # The embedded store keeps its artifacts next to its database, not in ./mlruns of the cwd.
         location = (self.dir.resolve() / "mlartifacts").as_uri() if embedded else None
@@ -529,7 +535,8 @@ class MlflowSink:
         if self._labels:  # batches may land out of order: make the tags hold the last labels
             self._client.log_batch(self.run_id, tags=[run_tag(k, v) for k, v in self._labels.items() if v])
             for tag in [k for k, v in self._labels.items() if not v]:  # no label at the end: no tag
-                self._client.delete_tag(self.run_id, tag)
+                with contextlib.suppress(Exception):  # already gone: nothing stale is left either way
+                    self._client.delete_tag(self.run_id, tag)
         self._client.set_terminated(self.run_id, status=status)
 
     def _queue_aggregates(self) -> None:
