@@ -48,7 +48,7 @@ CONFIG: dict[str, Any] = {
     "tracker": {"uri": f"postgresql://alice:{URI_SECRET}@db.internal:5432/runs"},
     "env": [{"name": "HF_TOKEN", "value": LIST_SECRET}],  # a secret inside a dict inside a list
 }
-ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN_ID", "MLFLOW_HTTP_REQUEST_MAX_RETRIES",
+ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_HTTP_REQUEST_MAX_RETRIES",
        "MLFLOW_HTTP_REQUEST_TIMEOUT", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR")
 
 
@@ -56,7 +56,7 @@ ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN_ID", "MLFLOW
 def clean_env() -> Iterator[None]:
     """The sink sets MLflow's HTTP variables for the process; each test starts and ends without them."""
     saved = dict(os.environ)
-    for var in ENV:
+    for var in (*ENV, "MLFLOW_RUN_ID"):
         os.environ.pop(var, None)
     yield
     os.environ.clear()
