@@ -112,7 +112,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     kind, *rest = args.to
     if kind not in ("tensorboard", "mlflow", "wandb") or len(rest) > 1:
         raise MetricsError(f"--to {' '.join(args.to)}; fix: --to tensorboard [DIR] | mlflow [URI] | wandb [DIR]")
-    return int(export(load_journal(args.journal), kind, rest[0] if rest else None, quiet=args.quiet))
+    return int(export(load_journal(args.journal), kind, rest[0] if rest else None, quiet=args.quiet,
+                      project=args.project, entity=args.entity))
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
@@ -209,6 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="tensorboard [LOG_DIR] | mlflow [TRACKING_URI] | wandb [DIR]; the target "
                         "defaults to the journal's folder (where the live sinks wrote)")
     export.add_argument("--quiet", action="store_true", help="no progress bar")
+    export.add_argument("--project", default=None, help="W&B project (default: the live run's, from the journal)")
+    export.add_argument("--entity", default=None, help="W&B entity (default: the live run's, from the journal)")
     export.set_defaults(func=cmd_export)
 
     publish = sub.add_parser("publish", help="feed a run's trackers from its journal (what the publisher "

@@ -77,7 +77,18 @@ def _ask(where: str, question: Callable[[], _T]) -> _T:
 
 
 
-def _target(journal: Journal, to: str, target: str | None) -> tuple[Sink, str]:
+def _recorded(journal: Journal, tracker: str, setting: str, old_key: str) -> str | None:
+    """A tracker setting the live run used: the journal header's ``trackers`` (recorded when the run
+    started), else, for an older journal, the flat config key ``old_key``."""
+    settings = journal.trackers.get(tracker)
+    value = settings.get(setting) if isinstance(settings, dict) else None
+    if value is None:
+        value = journal.config.get(old_key)
+    return str(value) if value not in (None, "", "None") else None
+
+
+def _target(journal: Journal, to: str, target: str | None, *, project: str | None = None,
+            entity: str | None = None) -> tuple[Sink, str]:
     home = journal.path.parent
     if to == "tensorboard":
         from .integrations.tensorboard import TensorBoardSink
@@ -89,9 +100,9 @@ def _target(journal: Journal, to: str, target: str | None) -> tuple[Sink, str]:
 
         uri = target or f"sqlite:///{(home / 'mlflow.db').resolve()}"
         _check_mlflow_uri(uri)
-        experiment = journal.config.get("mlflow/experiment")
+        experiment = _recorded(journal, "mlflow", "experiment_name", "mlflow/experiment")
         # The sink may hold every frame (a replay outruns MLflow) and close waits for all of them.
-        mlflow_sink = MlflowSink(tracking_uri=uri, dir=home, experiment=str(experiment) if experiment else None,
+        mlflow_sink = MlflowSink(tracking_uri=uri, dir=home, experiment_name=experiment,
                                  run_id=_ask(uri, lambda: mlflow_run(uri, journal.run_id)),  # a live sink's run
                                  backlog=len(journal.frames) + 1, drain_timeout=24 * 3600.0)
         return mlflow_sink, uri
@@ -99,19 +110,29 @@ def _target(journal: Journal, to: str, target: str | None) -> tuple[Sink, str]:
         from .integrations.wandb import WandbSink
 
         directory = Path(target) if target else home
-        project = str(journal.config.get("wandb/project", "posttrain-metrics"))
-        sink = WandbSink(project=project, dir=directory, resume="allow", settings={"quiet": True})
+        # The live run's project and entity (the journal header), unless the command names others;
+        # W&B's environment variables fill what neither says, as for a live run.
+        project = project or _recorded(journal, "wandb", "project", "wandb/project")
+        entity = entity or _recorded(journal, "wandb", "entity", "wandb/entity")
+        sink = WandbSink(project=project, entity=entity, dir=directory, resume="allow", settings={"quiet": True})
         return sink, str(directory / "wandb")
     raise MetricsError(f"export --to {to!r}; fix: use tensorboard, mlflow or wandb")
 
 
-def export(journal: Journal, to: str, target: str | None = None, *, quiet: bool = False, batch: int = 512) -> int:
+def export(journal: Journal, to: str, target: str | None = None, *, quiet: bool = False, batch: int = 512,
+           project: str | None = None, entity: str | None = None) -> int:
     """Replay ``journal`` into ``to`` (``tensorboard``, ``mlflow`` or ``wandb``); 0 on success.
+
+    ``--to wandb`` goes to the live run's W&B project and entity, as the journal header recorded
+    them (so ``wandb sync`` of the live run's offline folder and an export land in one run), or to
+    ``project``/``entity`` when given.
 
     The run's status in the tracker is the journal's: ``finished``, ``failed``, or ``killed`` when
     the journal has no end record (the run never closed), as ``posttrain-metrics doctor`` reports it.
     """
-    sink, where = _target(journal, to, target)
+    if (project is not None or entity is not None) and to != "wandb":
+        raise MetricsError(f"export --to {to}: --project and --entity are W&B's; fix: drop them, or use --to wandb")
+    sink, where = _target(journal, to, target, project=project, entity=entity)
     where = redact_text(where)
     replica = Replica(journal.path, sink, lazy=True)  # the sink starts at the first frame it lacks
     _ask(where, lambda: replica.feed([Record("header", header=journal.header)]))  # reads the target back

@@ -3,7 +3,9 @@
 Format ``posttrain-metrics-journal`` version 1, one JSON object per line:
 
 - header: ``{"format": "posttrain-metrics-journal", "version": 1, "kind": "header", "run_id",
-  "name", "created", "adapters": [...], "config": {flat, redacted}}``
+  "name", "created", "adapters": [...], "config": {nested, redacted}, "trackers": {"wandb":
+  {"project", "entity"}}}``; older journals hold the config flat (``a/b`` keys) and no trackers,
+  and read the same (``Journal.config`` is flat either way)
 - frame: ``{"kind": "frame", "run_id", "step", "phase", "time", "metrics": {key: value}}`` where a
   value is a number, a bool, a label string, or ``{"$float": "NaN" | "Infinity" | "-Infinity"}`` for
   a non-finite float (strict JSON, exact round trip)
@@ -31,6 +33,7 @@ from typing import IO, Any
 from .core.errors import MetricsError
 from .core.frame import Frame
 from .core.keys import KeyInfo, describe
+from .core.redact import flatten_config
 from .core.reducer import resolve_adapters
 from .core.values import MAX_EXACT_INT, Scalar
 from .integrations.base import RunInfo
@@ -107,7 +110,8 @@ class JournalSink:
                 "name": run.name,
                 "created": run.started,
                 "adapters": list(run.adapters),
-                "config": dict(run.config),
+                "config": dict(run.config_tree),
+                "trackers": {name: dict(settings) for name, settings in run.trackers.items()},
             }
         )
 
@@ -204,7 +208,22 @@ class Journal:
 
     @property
     def config(self) -> dict[str, Any]:
+        """The run config flat (``rl/n_mini``), whether the header holds it nested (version 1 since
+        the nested config) or flat (older journals)."""
+        return dict(flatten_config(self.header.get("config", {})))
+
+    @property
+    def config_tree(self) -> dict[str, Any]:
+        """The run config as the header holds it: nested, lists and ``None`` kept (an older journal:
+        flat)."""
         return dict(self.header.get("config", {}))
+
+    @property
+    def trackers(self) -> dict[str, Any]:
+        """Each tracker sink's settings when the run started (``{"wandb": {"project", "entity"}}``);
+        empty for an older journal."""
+        trackers = self.header.get("trackers", {})
+        return dict(trackers) if isinstance(trackers, dict) else {}
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")

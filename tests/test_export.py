@@ -42,7 +42,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("live")
     sinks = [JournalSink(root / "journal.jsonl"), TensorBoardSink(log_dir=root / "tensorboard"),
              MlflowSink(dir=root, experiment="export-test"),
-             WandbSink(project="export-test", dir=root, settings={"quiet": True})]
+             WandbSink(project="export-test", entity="export-team", dir=root, settings={"quiet": True})]
     pub = Publisher(sinks, adapters=GRPO_ADAPTERS, run_name="export-test", run_id=RUN_ID)
     pub.start({"rl": {"kl_beta": 0.04}})
     for frame in frames():
@@ -153,7 +153,47 @@ def test_export_to_wandb_equals_live_and_is_idempotent(live: Path, tmp_path: Pat
         for (gs, gv), (ws, wv) in zip(got[key], want[key]):
             assert gs == ws and (gv == wv or same(float(gv), float(wv))), key
     assert got_summary == want_summary
+    # the live run's project and entity, recorded in the journal header: `wandb sync` of the live
+    # offline run and this export go to the same place
+    run = read_offline_run(target).run
+    assert (run.project, run.entity) == ("export-test", "export-team")
     assert "nothing to export" in export(live / "journal.jsonl", "wandb", str(target), capsys=capsys)
+
+
+def test_export_to_wandb_takes_project_and_entity(live: Path, tmp_path: Path, capsys) -> None:
+    import wandb
+
+    target = tmp_path / "elsewhere"
+    main(["export", str(live / "journal.jsonl"), "--to", "wandb", str(target), "--quiet",
+          "--project", "other-project", "--entity", "other-team"])
+    wandb.teardown()
+    run = read_offline_run(target).run
+    assert (run.project, run.entity) == ("other-project", "other-team")
+    capsys.readouterr()
+    # W&B's options with another target: one clear error, nothing written
+    assert main(["export", str(live / "journal.jsonl"), "--to", "tensorboard", str(tmp_path / "tb"),
+                 "--project", "p"]) != 0
+    assert "--project and --entity are W&B's" in capsys.readouterr().err and not (tmp_path / "tb").exists()
+
+
+def test_an_older_journal_with_a_flat_config_and_no_trackers_still_exports(live: Path, tmp_path: Path, capsys) -> None:
+    import wandb
+
+    lines = (live / "journal.jsonl").read_text().splitlines()
+    header = json.loads(lines[0])
+    del header["trackers"]
+    header["config"] = {"rl/kl_beta": 0.04, "optim/betas/0": 0.9, "wandb/project": "flat-project"}  # as before
+    old = tmp_path / "old" / "journal.jsonl"
+    old.parent.mkdir()
+    old.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+    journal = read_journal(old)
+    assert journal.config == {"rl/kl_beta": 0.04, "optim/betas/0": 0.9, "wandb/project": "flat-project"}
+    assert journal.trackers == {}
+    assert "exported 7 of 7 frames" in export(old, "wandb", str(tmp_path / "wb"), capsys=capsys)
+    wandb.teardown()
+    wb = read_offline_run(tmp_path / "wb")
+    assert wb.run.project == "flat-project"  # where the old export sent it
+    assert wb.config["rl/kl_beta"] == 0.04  # an old flat config stays as it was recorded
 
 
 def test_export_finds_what_the_live_sinks_already_wrote(live: Path, capsys) -> None:

@@ -27,7 +27,7 @@ except ImportError as exc:  # fail, never skip: the MLflow sink is part of the p
     ) from exc
 
 from _mlflow_server import SERVER_STORES, free_port
-from _runs import GRPO_ADAPTERS, dpo_run, grpo_run, nonfinite_frame, ppo_run, tracked
+from _runs import GRPO_ADAPTERS, dpo_run, grpo_run, hand_frames, nonfinite_frame, ppo_run, tracked
 
 from posttrain_metrics import Frame
 from posttrain_metrics.core.keys import describe
@@ -40,11 +40,13 @@ from posttrain_metrics.publication import Publisher
 
 SECRET = "hunter2-secret"
 URI_SECRET = "hunter2-uri-pw"
+LIST_SECRET = "hf_abcdefghijklmnopqrstuvwxyz0123"
 CONFIG: dict[str, Any] = {
     "rl": {"kl_beta": 0.04, "group_size": 8, "use_kl": True, "name": "grpo"},
-    "optim": {"lr": 1e-3, "betas": [0.9, 0.95]},
+    "optim": {"lr": 1e-3, "betas": [0.9, 0.95], "scheduler": None},
     "db": {"password": SECRET},
     "tracker": {"uri": f"postgresql://alice:{URI_SECRET}@db.internal:5432/runs"},
+    "env": [{"name": "HF_TOKEN", "value": LIST_SECRET}],  # a secret inside a dict inside a list
 }
 ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_HTTP_REQUEST_MAX_RETRIES",
        "MLFLOW_HTTP_REQUEST_TIMEOUT", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR")
@@ -54,7 +56,7 @@ ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_HTTP_REQUEST_MAX
 def clean_env() -> Iterator[None]:
     """The sink sets MLflow's HTTP variables for the process; each test starts and ends without them."""
     saved = dict(os.environ)
-    for var in ENV:
+    for var in (*ENV, "MLFLOW_RUN_ID"):
         os.environ.pop(var, None)
     yield
     os.environ.clear()
@@ -133,7 +135,7 @@ def expected_series(frames: Sequence[Frame], pub: Publisher) -> dict[str, list[t
 
 
 def assert_history(client: MlflowClient, run_id: str, expected: Mapping[str, list[tuple[int, float]]]) -> None:
-    stored = set(client.get_run(run_id).data.metrics)
+    stored = {k for k in client.get_run(run_id).data.metrics if not k.startswith("run/")}  # run/: aggregates
     assert stored == set(expected), f"extra {stored - set(expected)}, missing {set(expected) - stored}"
     for key, points in expected.items():
         got = history(client, run_id, key)
@@ -170,8 +172,11 @@ def test_grpo_every_key_every_step(backend: Backend, tmp_path: Path, mode: str) 
     assert run.data.tags["posttrain_metrics.run_id"] == pub.run_id
     assert run.data.tags["posttrain_metrics.adapters"] == "grpo,reward,trainer"
     params = run.data.params
-    assert params["rl/kl_beta"] == "0.04" and params["rl/use_kl"] == "True"
-    assert params["optim/betas/1"] == "0.95" and params["rl/name"] == "grpo"
+    assert params["rl/kl_beta"] == "0.04" and params["rl/use_kl"] == "True" and params["rl/name"] == "grpo"
+    # a list is one readable param, not optim/betas/0 and optim/betas/1; None as mlflow.log_param writes it
+    assert params["optim/betas"] == "[0.9, 0.95]" and not any(k.startswith("optim/betas/") for k in params)
+    assert params["optim/scheduler"] == "None"
+    assert params["env"] == '[{"name": "HF_TOKEN", "value": "' + REDACTED + '"}]'
     assert run.info.status == "FINISHED"
 
 
@@ -181,7 +186,7 @@ def test_secrets_are_nowhere(backend: Backend, tmp_path: Path) -> None:
     run = MlflowClient(sink.tracking_uri).get_run(sink.run_id)
     assert run.data.params["db/password"] == REDACTED
     assert run.data.params["tracker/uri"] == f"postgresql://alice:{REDACTED}@db.internal:5432/runs"
-    for secret in (SECRET, URI_SECRET):
+    for secret in (SECRET, URI_SECRET, LIST_SECRET):
         for kind, entries in (("param", run.data.params), ("tag", run.data.tags)):
             for key, value in entries.items():
                 assert secret not in key and secret not in value, f"{kind} {key} leaks a secret"
@@ -191,7 +196,7 @@ def test_secrets_are_nowhere(backend: Backend, tmp_path: Path) -> None:
     assert any(p.name == "mlflow.db" for p in files), files
     for path in files:
         data = path.read_bytes()
-        assert SECRET.encode() not in data and URI_SECRET.encode() not in data, f"{path} holds a secret"
+        assert not any(s.encode() in data for s in (SECRET, URI_SECRET, LIST_SECRET)), f"{path} holds a secret"
     assert SECRET not in (tmp_path / "journal.jsonl").read_text()
 
 
@@ -549,3 +554,90 @@ def test_server_down_at_close_gives_up_quickly(tmp_path: Path, mlflow_server: st
     assert any("keeps status RUNNING" in m for m in messages)
     assert MlflowClient(mlflow_server).get_run(sink.run_id).info.status == "RUNNING"
     assert [f.step for f in read_journal(tmp_path / "journal.jsonl").frames] == [1, 2, 3, 4, 5, 6]
+
+
+# ------------------------------------------------- run aggregates, labels, user, experiment
+
+
+def finite_hand_frames() -> list[Frame]:
+    """_runs.hand_frames with a finite step 3 (MLflow cannot hold +inf), whose kl_max (0.5) is not the
+    run's maximum (0.75 at step 2): the runs table must show the maximum, not the last value."""
+    frames = hand_frames()
+    third = dict(frames[2].metrics, **{"train/loss_avg": 0.25, "train/kl_mean": 0.125, "train/kl_max": 0.5})
+    return [frames[0], frames[1], Frame(3, third, "train", frames[2].wall_time)]
+
+
+def test_run_aggregates_are_logged_at_close(backend: Backend, tmp_path: Path) -> None:
+    sink = backend.make()
+    publish(sink, finite_hand_frames(), GRPO_ADAPTERS, tmp_path / "journal.jsonl")
+    client = MlflowClient(sink.tracking_uri)
+    metrics = client.get_run(sink.run_id).data.metrics  # what the runs table shows: the latest values
+    assert metrics["train/kl_max"] == 0.5  # the last window's
+    assert metrics["run/train/kl_max"] == 0.75  # max(0.25, 0.75, 0.5)
+    assert metrics["run/train/loss_avg"] == pytest.approx(10 / 60, rel=1e-12)  # (0.5*10 + 0*30 + 0.25*20) / 60
+    assert metrics["run/train/kl_mean"] == pytest.approx(0.25, rel=1e-12)  # (0.5*10 + 0.25*30 + 0.125*20) / 60
+    assert metrics["run/train/valid_token_count"] == 60  # 10 + 30 + 20
+    assert metrics["run/train/grad_norm"] == 1.5  # LAST: step 3's
+    assert metrics["run/timer/e2e_step_s"] == pytest.approx(2.0, rel=1e-12)  # (1 + 3 + 2) / 3
+    assert (metrics["run/optim/update_outcome/applied"], metrics["run/optim/update_outcome/skipped"]) == (2, 1)
+    assert history(client, sink.run_id, "run/train/kl_max") == [(3, 0.75)]  # one point, at the last step
+
+
+LABELLED = [
+    Frame(1, {"train/loss_avg": 0.5, "optim/update_outcome": "applied"}, "train", 1_700_000_001.0),
+    Frame(2, {"train/loss_avg": 0.4, "optim/update_outcome": "skipped", "optim/skip_reason": "nonfinite_loss"},
+          "train", 1_700_000_002.0),
+    Frame(2, {"val/loss_avg": 0.3}, "val", 1_700_000_002.5),  # another phase: says nothing about the reason
+    Frame(3, {"train/loss_avg": 0.3, "optim/update_outcome": "applied"}, "train", 1_700_000_003.0),
+]
+
+
+@pytest.mark.parametrize("mode", ["inline", "process"])
+def test_a_label_absent_from_a_later_frame_leaves_no_stale_tag(backend: Backend, tmp_path: Path, mode: str) -> None:
+    adapters = [*GRPO_ADAPTERS, "validation"]
+    kept = backend.make()
+    publish(kept, LABELLED[:3], adapters, tmp_path / "a.jsonl", mode=mode)
+    client = MlflowClient(kept.tracking_uri)
+    assert client.get_run(kept.run_id).data.tags["optim/skip_reason"] == "nonfinite_loss"  # val frame: kept
+    cleared = backend.make()
+    publish(cleared, LABELLED, adapters, tmp_path / "b.jsonl", mode=mode)
+    tags = client.get_run(cleared.run_id).data.tags
+    assert "optim/skip_reason" not in tags and tags["optim/update_outcome"] == "applied"
+    assert history(client, cleared.run_id, "optim/skip_reason/nonfinite_loss") == [(2, 1.0)]  # history kept
+
+
+def test_the_creating_user_and_the_experiment_kind_are_recorded(mlflow_server: str, tmp_path: Path) -> None:
+    import pwd
+
+    client = MlflowClient(mlflow_server)
+    old = client.create_experiment(f"made-by-hand-{uuid.uuid4().hex[:6]}")  # no kind tag yet
+    name = client.get_experiment(old).name
+    for experiment in (name, f"new-{uuid.uuid4().hex[:6]}"):
+        sink = MlflowSink(tracking_uri=mlflow_server, experiment_name=experiment)
+        publish(sink, grpo_run(steps=1), GRPO_ADAPTERS, tmp_path / f"{experiment}.jsonl")
+        run = client.get_run(sink.run_id)
+        assert run.data.tags["mlflow.user"] == pwd.getpwuid(os.getuid()).pw_name
+        found = client.get_experiment_by_name(experiment)
+        assert found is not None and run.info.experiment_id == found.experiment_id
+        # MLflow 3's UI opens an experiment of this kind on its runs table with metric charts
+        assert found.tags["mlflow.experimentKind"] == "custom_model_development"
+
+
+def test_experiment_name_and_its_older_alias(tmp_path: Path) -> None:
+    assert MlflowSink(experiment_name="a").experiment_name() == "a"
+    assert MlflowSink(experiment="a").experiment_name() == "a"
+    with pytest.raises(Exception, match="two different experiments"):
+        MlflowSink(experiment_name="a", experiment="b")
+    os.environ["MLFLOW_EXPERIMENT_NAME"] = "from-env"
+    assert MlflowSink().experiment_name() == "from-env" and MlflowSink(experiment_name="a").experiment_name() == "a"
+
+
+def test_mlflow_run_id_from_the_environment_targets_that_run(mlflow_server: str, tmp_path: Path) -> None:
+    client = MlflowClient(mlflow_server)
+    experiment = client.create_experiment(f"env-run-{uuid.uuid4().hex[:6]}")
+    target = client.create_run(experiment).info.run_id
+    os.environ["MLFLOW_RUN_ID"] = target  # as `mlflow run` sets it
+    sink = MlflowSink(tracking_uri=mlflow_server)
+    publish(sink, grpo_run(steps=2), GRPO_ADAPTERS, tmp_path / "journal.jsonl")
+    assert sink.run_id == target
+    assert [s for s, _ in history(client, target, "train/loss_avg")] == [1, 2]

@@ -41,11 +41,16 @@ from posttrain_metrics.publication import Publisher
 
 SECRET = "sk-live-0123456789abcdefghijklmnop"
 DB_PASSWORD = "hunter2-very-secret-pw"
+HF_SECRET = "hf_abcdefghijklmnopqrstuvwxyz0123"
+ARGV_SECRET = "argv-secret-value-42"
 CONFIG = {
     "wandb": {"api_key": SECRET},
     "db": {"uri": f"postgresql://trainer:{DB_PASSWORD}@db.example/runs"},
     "rl": {"kl_beta": 0.04, "max_tokens": 16},
-    "optim": {"lr": 1e-3},
+    "optim": {"lr": 1e-3, "betas": (0.9, 0.95), "scheduler": None},
+    # secrets planted inside lists and dicts inside lists
+    "env": [{"name": "HF_TOKEN", "value": HF_SECRET}, {"name": "SEED", "value": "7"}],
+    "argv": ["--lr", "0.1", "--password", ARGV_SECRET],
 }
 W_RESERVED = {"_step", "_runtime", "_timestamp", STEP_KEY}
 
@@ -315,16 +320,25 @@ def test_a_hand_computed_run_is_stored_row_by_row(hand):
     assert metric_keys(rows[0]) == set(hand_frames()[0].metrics) | set(HAND_INDICATORS)
 
 
-def test_config_is_flat_and_redacted_and_no_secret_reaches_any_file(grpo):
-    config = grpo.wb.config
-    assert config["wandb/api_key"] == REDACTED
-    assert config["db/uri"] == f"postgresql://trainer:{REDACTED}@db.example/runs"
-    assert config["rl/kl_beta"] == 0.04 and config["rl/max_tokens"] == 16 and config["optim/lr"] == 1e-3
+def test_config_is_nested_with_lists_and_nulls_and_redacted_at_every_depth(grpo):
+    config = {k: v for k, v in grpo.wb.config.items() if not k.startswith("_")}  # _wandb: W&B's own
+    assert config == {
+        "wandb": {"api_key": REDACTED},
+        "db": {"uri": f"postgresql://trainer:{REDACTED}@db.example/runs"},
+        "rl": {"kl_beta": 0.04, "max_tokens": 16},
+        "optim": {"lr": 1e-3, "betas": [0.9, 0.95], "scheduler": None},
+        "env": [{"name": "HF_TOKEN", "value": REDACTED}, {"name": "SEED", "value": "7"}],
+        "argv": ["--lr", "0.1", "--password", REDACTED],
+    }
+    # the journal header keeps the same tree, and reads flat for the doctor
+    journal = read_journal(grpo.dir / "journal.jsonl")
+    assert journal.config_tree["optim"] == {"lr": 1e-3, "betas": [0.9, 0.95], "scheduler": None}
+    assert journal.config["optim/lr"] == 1e-3 and journal.config["env/0/value"] == REDACTED
     files = list(files_under(grpo.dir))
     assert any(p.suffix == ".wandb" for p in files) and any(p.name == "journal.jsonl" for p in files)
     for path in files:
         data = path.read_bytes()
-        for secret in (SECRET, DB_PASSWORD):
+        for secret in (SECRET, DB_PASSWORD, HF_SECRET, ARGV_SECRET):
             assert secret.encode() not in data, f"{secret!r} leaked into {path}"
 
 
@@ -441,3 +455,75 @@ def test_a_missing_wandb_fails_loudly_with_the_install_line(tmp_path, monkeypatc
         pub.start({})
     assert "pip install 'posttrain-metrics[wandb]'" in str(err.value).splitlines()
     pub.close()
+
+
+# -- W&B's own conventions: environment variables, labels that no longer hold ---------------------
+
+
+def offline_env(mp: pytest.MonkeyPatch, folder: Path) -> None:
+    for var in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_MODE", "WANDB_BASE_URL"):
+        mp.delenv(var, raising=False)
+    mp.setenv("NETRC", str(folder / "no-netrc"))
+
+
+WANDB_ENV = {
+    "WANDB_PROJECT": "env-project", "WANDB_ENTITY": "env-team", "WANDB_RUN_GROUP": "sweep-7",
+    "WANDB_TAGS": "grpo, nightly", "WANDB_NOTES": "set in the environment", "WANDB_JOB_TYPE": "rl-train",
+}
+
+
+def test_wandb_environment_variables_fill_what_the_sink_config_leaves_out(tmp_path, monkeypatch):
+    import wandb
+
+    offline_env(monkeypatch, tmp_path)
+    for var, value in WANDB_ENV.items():
+        monkeypatch.setenv(var, value)
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb-dir"))
+    out = tmp_path / "out"
+    from posttrain_metrics.integrations.factory import build_sink
+
+    sink = build_sink({"type": "wandb"}, out_dir=out)  # no project in the config: WANDB_PROJECT
+    pub = Publisher([JournalSink(out / "journal.jsonl"), sink], adapters=GRPO_ADAPTERS, run_name="env")
+    pub.start({})
+    for frame in grpo_run(steps=2):
+        pub.publish(frame)
+    pub.close()
+    wandb.teardown()
+    assert pub.failures == {}, pub.failures
+    run = read_offline_run(tmp_path / "wandb-dir" / "wandb").run  # WANDB_DIR, not out_dir
+    assert (run.project, run.entity, run.run_group, list(run.tags), run.notes, run.job_type) == (
+        "env-project", "env-team", "sweep-7", ["grpo", "nightly"], "set in the environment", "rl-train")
+    assert not (out / "wandb").exists()
+    # recorded in the journal header, for export --to wandb
+    assert read_journal(out / "journal.jsonl").trackers["wandb"] == {"project": "env-project", "entity": "env-team"}
+
+
+def test_an_explicit_argument_wins_over_the_wandb_environment(monkeypatch, tmp_path):
+    for var, value in WANDB_ENV.items():
+        monkeypatch.setenv(var, value)
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "env-dir"))
+    sink = WandbSink(project="cfg", entity="me", group="g", tags=[], notes="n", job_type="eval", dir=tmp_path)
+    assert (sink.project, sink.entity, sink.group, sink.tags, sink.notes, sink.job_type, sink.dir) == (
+        "cfg", "me", "g", (), "n", "eval", tmp_path)
+    for var in (*WANDB_ENV, "WANDB_DIR"):
+        monkeypatch.delenv(var)
+    bare = WandbSink()  # neither: W&B's own defaults (its project "uncategorized" once started)
+    assert (bare.project, bare.entity, bare.group, bare.tags, bare.dir) == (None, None, None, (), None)
+
+
+LABELLED = [
+    Frame(1, {"train/loss_avg": 0.5, "optim/update_outcome": "applied"}, "train", 1_700_000_001.0),
+    Frame(2, {"train/loss_avg": 0.4, "optim/update_outcome": "skipped", "optim/skip_reason": "nonfinite_loss"},
+          "train", 1_700_000_002.0),
+    Frame(2, {"val/loss_avg": 0.3}, "val", 1_700_000_002.5),  # another phase: says nothing about the reason
+    Frame(3, {"train/loss_avg": 0.3, "optim/update_outcome": "applied"}, "train", 1_700_000_003.0),
+]
+
+
+def test_a_label_absent_from_a_later_frame_is_not_left_in_the_summary(tmp_path):
+    wb = publish(tmp_path, LABELLED[:3], [*GRPO_ADAPTERS, "validation"]).wb
+    assert wb.summary["optim/skip_reason"] == "nonfinite_loss"  # the val frame left it alone
+    wb = publish(tmp_path / "later", LABELLED, [*GRPO_ADAPTERS, "validation"]).wb
+    assert wb.summary.get("optim/skip_reason") is None  # step 3 was applied: no reason any more
+    assert wb.summary["optim/update_outcome"] == "applied"
+    assert wb.column("optim/skip_reason") == {2: "nonfinite_loss"}  # the history keeps what happened

@@ -97,7 +97,8 @@ class MetricsCallback:
         return self.publisher.run_handles()
 
     def on_run_start(self, config: Mapping[str, Any] | None = None) -> None:
-        """Start the sinks (rank 0) with the run's config, flattened and redacted."""
+        """Start the sinks (rank 0) with the run's config, redacted at every depth: nested as given in
+        the journal and W&B, one ``a/b`` param per value in MLflow (a list as one param)."""
         self.publisher.start(plain(config) if config is not None else None)
         self._started = True
 

@@ -40,7 +40,8 @@ from typing import Any
 
 from .values import Scalar
 
-__all__ = ["REDACTED", "flatten_config", "is_secret_key", "redact", "redact_text", "redact_tree"]
+__all__ = ["REDACTED", "config_tree", "flatten_config", "is_secret_key", "param_text", "redact", "redact_text",
+           "redact_tree"]
 
 REDACTED = "***REDACTED***"
 
@@ -330,6 +331,44 @@ def redact(key: str, value: Scalar) -> Scalar:
     if is_secret_key(key) and not _empty(value):
         return REDACTED
     return _redact_string(value) if isinstance(value, str) else value
+
+
+def config_tree(config: Any) -> dict[str, Any]:
+    """The run config as it is: nested mappings (and dataclasses, namespaces, pydantic models) as
+    dicts with string keys, lists and tuples as lists, ``None`` as ``None``, non-finite floats as
+    ``"inf"``/``"nan"`` (strict JSON has none), other objects as text, redacted at every depth by the
+    rules of this module. What the journal header and W&B keep; MLflow flattens it (:func:`param_text`).
+
+    >>> config_tree({"optim": {"betas": (0.9, 0.95), "sched": None}, "hub": [{"token": "hf_x"}]})
+    {'optim': {'betas': [0.9, 0.95], 'sched': None}, 'hub': [{'token': '***REDACTED***'}]}
+    """
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {str(k): plain(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [plain(v) for v in value]
+        if isinstance(value, float) and not math.isfinite(value):
+            return str(value)
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return value
+        return redact_text(str(value))
+
+    tree = plain(redact_tree(config if config is not None else {}))
+    return tree if isinstance(tree, dict) else {"config": tree}
+
+
+def param_text(value: Any) -> str:
+    """One config value as the text of a string-only parameter (MLflow's params): scalars as Python
+    writes them (``0.9``, ``True``, ``None``: what ``mlflow.log_param`` itself stores), lists and
+    mappings as compact JSON (``[0.9, 0.95]``), never exploded into one parameter per item.
+
+    >>> param_text([0.9, 0.95]), param_text(None), param_text({"a": [1, None]})
+    ('[0.9, 0.95]', 'None', '{"a": [1, null]}')
+    """
+    if isinstance(value, (list, dict)):
+        return json.dumps(value, ensure_ascii=False, allow_nan=True)
+    return str(value)
 
 
 def flatten_config(config: Any, *, sep: str = "/") -> dict[str, Scalar]:

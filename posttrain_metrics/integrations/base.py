@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Mapping
-from typing import Protocol, runtime_checkable
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol, runtime_checkable
 
 from ..core.frame import Frame
 from ..core.keys import KeyInfo
 from ..core.values import Scalar
 
-__all__ = ["Points", "RunInfo", "Sink"]
+__all__ = ["Points", "RunInfo", "Sink", "tracker_settings"]
 
 Points = collections.Counter[tuple[str, int]]
 """What a tracker holds of a run: how many points of each (key, step)."""
@@ -20,7 +20,10 @@ Points = collections.Counter[tuple[str, int]]
 @dataclasses.dataclass(frozen=True)
 class RunInfo:
     """What a sink learns when the run starts. ``config`` is flat (``a/b``) and already redacted;
-    ``keys`` describes every public key the run's adapters can publish."""
+    ``config_tree`` is the same config nested, lists and ``None`` kept (for trackers that show
+    structure; the flat ``config`` when not given, as an old journal has it); ``keys`` describes
+    every public key the run's adapters can publish; ``trackers`` holds each tracker sink's resolved
+    settings (:func:`tracker_settings`: W&B's project and entity), recorded in the journal header."""
 
     run_id: str
     name: str
@@ -28,6 +31,12 @@ class RunInfo:
     keys: Mapping[str, KeyInfo]
     adapters: tuple[str, ...]
     started: float
+    config_tree: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    trackers: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.config_tree and self.config:
+            object.__setattr__(self, "config_tree", dict(self.config))
 
 
 @runtime_checkable
@@ -45,3 +54,15 @@ class Sink(Protocol):
     def write(self, frame: Frame) -> None: ...
 
     def close(self, *, failed: bool = False) -> None: ...
+
+
+def tracker_settings(sinks: Iterable[object]) -> dict[str, dict[str, Any]]:
+    """``{sink name: settings}`` of the sinks that say where their run goes (a ``run_settings()``
+    method, such as W&B's project and entity), for the journal header: an export later finds the
+    same place."""
+    out: dict[str, dict[str, Any]] = {}
+    for sink in sinks:
+        settings = getattr(sink, "run_settings", None)
+        if callable(settings):
+            out[str(getattr(sink, "name", type(sink).__name__))] = dict(settings())
+    return out

@@ -1,6 +1,7 @@
 """Sinks from configuration data: ``{"type": "mlflow", "tracking_uri": ...}`` to a sink object.
 
-Paths in a config are relative to the run's output folder and may not leave it (``../`` or a
+Paths in a config are relative to the run's output folder (W&B's files go to ``WANDB_DIR`` when the
+environment sets it and the config gives no ``dir``) and may not leave it (``../`` or a
 symlink out is refused), so a config cannot make a sink write elsewhere by accident or on purpose;
 MLflow's ``tracking_uri`` too when it names a file (a relative ``sqlite:///ml.db`` is
 ``<out_dir>/ml.db``, a relative file-store folder is under ``out_dir``). An absolute path is an
@@ -219,7 +220,9 @@ def build_sink(spec: Mapping[str, Any] | Sink, *, out_dir: str | os.PathLike[str
         )
     check_options(f"sink {kind!r}", options, _hints(cls))
     base = Path(out_dir) if out_dir is not None else Path.cwd()
-    if path_option is not None:
+    # W&B's own WANDB_DIR says where its files go when the config does not (WandbSink reads it).
+    env_dir = kind == "wandb" and options.get(path_option) is None and bool(os.environ.get("WANDB_DIR"))
+    if path_option is not None and not env_dir:
         given = options.get(path_option)
         if given is not None:
             check_path(f"sink {kind!r}", path_option, given, file=kind == "journal")

@@ -10,12 +10,23 @@ What MLflow shows
 - **Categorical keys** (``optim/update_outcome``, ``optim/skip_reason``): a run tag with the last
   label (``optim/update_outcome = skipped``), plus one 0/1 metric per label
   (``optim/update_outcome/skipped``) so outcomes chart. A string is never passed as a metric value.
-- **Params**: the run's flattened config (``rl/kl_beta``), already redacted (passwords, tokens, API
-  keys and the password of a ``user:password@`` URI read ``***REDACTED***``). Values longer than
+  A key absent from a later frame of its phase (``optim/skip_reason`` after an applied update) has
+  its tag emptied, and removed at close: the tag never names a reason that no longer holds.
+- **Run aggregates**: at close, ``run/<key>`` metrics at the last step from
+  :class:`~posttrain_metrics.core.summary.RunSummary` (token-weighted run means, totals, maxima and
+  minima, the last value of last-value keys, counts per label), so the runs table shows the run's
+  maximum ``kl_max`` next to its last value. They cover the frames this sink was given (infinite
+  values are removed upstream for MLflow, so a maximum is the largest finite value);
+  ``run/nonfinite/<key>`` counts NaN values.
+- **Params**: the run's config, nested keys joined with ``/`` (``rl/kl_beta``), a list as one param
+  in JSON (``optim/betas = [0.9, 0.95]``, never ``optim/betas/0``), other values as
+  ``mlflow.log_param`` writes them (``True``, ``None``); already redacted at every depth (passwords,
+  tokens, API keys and the password of a ``user:password@`` URI read ``***REDACTED***``). Values longer than
   MLflow's ``MAX_PARAM_VAL_LENGTH`` (6000 characters) are truncated with a warning (the journal
   keeps the full value); params go in batches of ``MAX_PARAMS_TAGS_PER_BATCH``.
 - **Tags**: ``posttrain_metrics.run_id`` (the publisher's run id, used to resume),
-  ``posttrain_metrics.adapters``, and the ``tags`` you pass. The run name is ``run_name`` or the
+  ``posttrain_metrics.adapters``, ``mlflow.user`` (the user who created the run, as MLflow's
+  ``start_run`` records it; kept when the run is resumed), and the ``tags`` you pass. The run name is ``run_name`` or the
   publisher's.
 - **Status**: ``FINISHED``; ``FAILED`` when the run ends with ``close(failed=True)`` (the
   publisher passes that when training raised); ``KILLED`` for a run that never closed (its journal
@@ -83,8 +94,11 @@ defaults: 7 retries, 120 s timeout, factor 2, about 4 minutes for a refused conn
 Where the run goes: ``tracking_uri`` if given, else ``MLFLOW_TRACKING_URI`` from the environment,
 else an embedded SQLite store ``sqlite:///<dir>/mlflow.db`` (no server; artifacts under
 ``<dir>/mlartifacts``; browse it with ``mlflow ui --backend-store-uri sqlite:///<dir>/mlflow.db``).
-The experiment is ``experiment``, else ``MLFLOW_EXPERIMENT_NAME``, else ``posttrain-metrics``.
-``run_id`` targets an existing MLflow run; otherwise a run tagged with the publisher's run id is
+The experiment is ``experiment_name`` (``experiment``, its older name, is accepted), else
+``MLFLOW_EXPERIMENT_NAME``, else ``posttrain-metrics``; it is tagged
+``mlflow.experimentKind = custom_model_development`` (set on an existing experiment without it),
+which MLflow 3's UI reads to open the experiment on its runs table with metric charts rather than
+its GenAI overview. ``run_id``, else ``MLFLOW_RUN_ID``, targets an existing MLflow run; otherwise a run tagged with the publisher's run id is
 resumed when one exists in the experiment (a restarted job continues its run), and a new run is
 created when none does.
 """
@@ -93,8 +107,11 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import dataclasses
+import getpass
 import hashlib
+import math
 import os
 import re
 import time
@@ -105,7 +122,8 @@ from typing import Any
 
 from ..core.errors import MetricsError
 from ..core.frame import Frame
-from ..core.redact import redact_text
+from ..core.redact import param_text, redact_text
+from ..core.summary import RunSummary
 from .base import Points, RunInfo
 
 __all__ = ["MlflowSink"]
@@ -114,6 +132,13 @@ INSTALL = "pip install 'posttrain-metrics[mlflow]'"
 DEFAULT_EXPERIMENT = "posttrain-metrics"
 RUN_ID_TAG = "posttrain_metrics.run_id"
 ADAPTERS_TAG = "posttrain_metrics.adapters"
+RUN_PREFIX = "run/"
+"""The run aggregates are logged at close as ``run/<key>`` metrics."""
+MLFLOW_USER_TAG = "mlflow.user"  # what MLflow's fluent API records as the run's user
+# What MLflow 3's UI reads to choose an experiment's page: "custom_model_development" opens the runs
+# table with metric charts; without it the UI may infer a GenAI experiment (traces, evaluations).
+KIND_TAG = "mlflow.experimentKind"
+KIND = "custom_model_development"
 
 # MLflow's HTTP settings as (environment variable, our default): see the module docstring.
 HTTP_MAX_RETRIES = ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", 2)
@@ -201,7 +226,7 @@ class MlflowSink:
     several sinks can coexist), with MLflow's asynchronous batch logging. See the module docstring
     for what MLflow shows and the failure policy.
 
-    >>> sink = MlflowSink(dir="runs/demo", experiment="grpo-sweep")  # no I/O, no mlflow import yet
+    >>> sink = MlflowSink(dir="runs/demo", experiment_name="grpo-sweep")  # no I/O, no mlflow import yet
     >>> sink.name, sorted(sink.stores_nonfinite)
     ('mlflow', ['nan'])
     """
@@ -214,7 +239,8 @@ class MlflowSink:
         *,
         tracking_uri: str | None = None,
         dir: str | os.PathLike[str] = "runs",  # the directory of the embedded store
-        experiment: str | None = None,
+        experiment_name: str | None = None,
+        experiment: str | None = None,  # the same, under its older name
         run_name: str | None = None,
         tags: Mapping[str, str] | None = None,
         run_id: str | None = None,
@@ -235,10 +261,15 @@ class MlflowSink:
                 )
         if not (isinstance(drain_timeout, (int, float)) and drain_timeout >= 0):
             raise MetricsError(f"MlflowSink(drain_timeout={drain_timeout!r}): must be a number of seconds >= 0")
+        if experiment_name is not None and experiment is not None and experiment_name != experiment:
+            raise MetricsError(
+                f"MlflowSink(experiment_name={experiment_name!r}, experiment={experiment!r}): two different "
+                "experiments; fix: give experiment_name only (experiment is its older name)"
+            )
         self._uri_arg = tracking_uri
         self.tracking_uri = tracking_uri  # the URI in use once started
         self.dir = Path(dir)
-        self.experiment = experiment
+        self.experiment = experiment_name if experiment_name is not None else experiment
         self.run_name = run_name
         self.tags = dict(tags or {})
         self.run_id = run_id
@@ -262,7 +293,10 @@ class MlflowSink:
         self._held: collections.deque[_Batch] = collections.deque()
         self._degraded = False
         self._failed_probes = 0
-        self._labels: dict[str, str] = {}
+        self._labels: dict[str, str] = {}  # tag -> the last label ("" once a frame of its phase lacks it)
+        self._label_phase: dict[str, tuple[str, str]] = {}  # key -> (tag, phase of the frame that held it)
+        self._summary: RunSummary | None = None
+        self._last_step = 0
         self._closed = False
         self._batched = False
         self._param_limit = self._tag_limit = 0
@@ -318,6 +352,8 @@ class MlflowSink:
         # Which run: the one named by run_id, else the one tagged with the publisher's run id (a
         # restarted job resumes its run), else a new one.
         existing = None
+        if self.run_id is None and self._run_id_arg is None and os.environ.get("MLFLOW_RUN_ID"):
+            self.run_id = os.environ["MLFLOW_RUN_ID"]  # MLflow's own convention for "log to this run"
         if self.run_id is not None:
             existing = client.get_run(self.run_id)
             self.experiment_id = str(existing.info.experiment_id)
@@ -329,7 +365,7 @@ class MlflowSink:
                 )
                 existing = found[0] if found else None
 
-        tags = {RUN_ID_TAG: run.run_id, ADAPTERS_TAG: ",".join(run.adapters)}
+        tags = {RUN_ID_TAG: run.run_id, ADAPTERS_TAG: ",".join(run.adapters), MLFLOW_USER_TAG: _user()}
         for key, value in self.tags.items():
             tags[self._tag_names(str(key))] = self._truncate(str(value), self._tag_limit, "tag", str(key))
         logged: Mapping[str, str] = {}
@@ -343,13 +379,16 @@ class MlflowSink:
         else:
             self.run_id = existing.info.run_id
             client.update_run(self.run_id, status="RUNNING")
+            if MLFLOW_USER_TAG in existing.data.tags:  # the user who created the run stays recorded
+                tags.pop(MLFLOW_USER_TAG, None)
             logged = existing.data.params
         self._client = client
 
+        self._summary = RunSummary(run.keys)
         params: list[tuple[str, str]] = []
-        for key, setting in run.config.items():
+        for key, setting in _params(run.config_tree).items():
             pname = param_names(key)
-            text = self._truncate(str(setting), self._param_limit, "param", key)
+            text = self._truncate(param_text(setting), self._param_limit, "param", key)
             if pname in logged:  # params cannot change in MLflow: a resumed run keeps the first value
                 if logged[pname] != text:
                     warnings.warn(
@@ -383,10 +422,26 @@ class MlflowSink:
             else:
                 os.environ.setdefault(var, str(default))  # never clobber the user's own setting
 
+    def experiment_name(self) -> str:
+        """The experiment the run goes to: ``experiment_name``, else ``MLFLOW_EXPERIMENT_NAME``, else
+        ``posttrain-metrics``."""
+        return self.experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_EXPERIMENT
+
+    def run_settings(self) -> dict[str, Any]:
+        """The experiment, recorded in the journal header (``export --to mlflow`` replays into it)."""
+        return {"experiment_name": self.experiment_name()}
+
     def _experiment(self, client: Any, error: type[Exception], embedded: bool) -> str:
-        name = self.experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_EXPERIMENT
+        name = self.experiment_name()
         found = client.get_experiment_by_name(name)
         if found is not None:
+            if KIND_TAG not in (found.tags or {}):  # an experiment of ours from before, or made by hand
+                try:
+                    client.set_experiment_tag(found.experiment_id, KIND_TAG, KIND)
+                except error as exc:  # not allowed to tag it: the UI's default view is all we lose
+                    warnings.warn(f"mlflow: could not tag experiment {name!r} with {KIND_TAG}={KIND} "
+                                  f"({redact_text(str(exc))[:200]}); its page may open on MLflow's GenAI overview",
+                                  stacklevel=3)
             return str(found.experiment_id)
         # The embedded store keeps its artifacts next to its database, not in ./mlruns of the cwd.
         location = (self.dir.resolve() / "mlartifacts").as_uri() if embedded else None
@@ -394,7 +449,7 @@ class MlflowSink:
             # Tagged as model development: MLflow 3's UI otherwise opens a new experiment as a GenAI
             # one (traces and evaluations) and hides the metric charts this run is made of.
             return str(client.create_experiment(name, artifact_location=location,
-                                                tags={"mlflow.experimentKind": "custom_model_development"}))
+                                                tags={KIND_TAG: KIND}))
         except error:  # created meanwhile by another process
             found = client.get_experiment_by_name(name)
             if found is None:
@@ -414,11 +469,22 @@ class MlflowSink:
         for key, value in frame.metrics.items():
             if isinstance(value, str):  # a label: a tag, never a metric value
                 tag = self._tag_names(key)
+                self._label_phase[key] = (tag, frame.phase)
                 if self._labels.get(tag) != value:
                     self._labels[tag] = value
                     tags.append((tag, value))
                 continue
             metrics.append((names(key), float(value), stamp, frame.step))
+        # A categorical key absent from a frame of its phase has no label for that window (an applied
+        # update has no skip_reason): its tag is emptied, never left naming a reason that no longer holds.
+        for key, (tag, phase) in list(self._label_phase.items()):
+            if phase == frame.phase and key not in frame.metrics:
+                del self._label_phase[key]
+                self._labels[tag] = ""
+                tags.append((tag, ""))
+        if self._summary is not None:
+            self._summary.add(frame)
+        self._last_step = max(self._last_step, frame.step)
         self._reap()
         if metrics or tags:
             self._queue(_Batch([frame.step], metrics, tags))
@@ -432,6 +498,7 @@ class MlflowSink:
         self._closed = True
         if self._client is None:
             return
+        self._queue_aggregates()
         deadline = time.monotonic() + self.drain_timeout
         probes = self._failed_probes
         while self._pending or self._held:
@@ -466,8 +533,31 @@ class MlflowSink:
             return
         _, _, run_tag = self._entities
         if self._labels:  # batches may land out of order: make the tags hold the last labels
-            self._client.log_batch(self.run_id, tags=[run_tag(k, v) for k, v in self._labels.items()])
+            self._client.log_batch(self.run_id, tags=[run_tag(k, v) for k, v in self._labels.items() if v])
+            for tag in [k for k, v in self._labels.items() if not v]:  # no label at the end: no tag
+                with contextlib.suppress(Exception):  # already gone: nothing stale is left either way
+                    self._client.delete_tag(self.run_id, tag)
         self._client.set_terminated(self.run_id, status=status)
+
+    def _queue_aggregates(self) -> None:
+        """The run aggregates (:class:`~posttrain_metrics.core.summary.RunSummary`) as ``run/<key>``
+        metrics at the last step, so that the runs table shows the run's maximum ``kl_max``, its
+        token-weighted mean loss, its totals and outcome counts, not only each key's last value.
+        An infinite aggregate (a maximum that was +inf) is not logged (MLflow would store it as a
+        finite 1.8e308); ``run/nonfinite/<key>`` counts the non-finite values seen."""
+        summary, names = self._summary, self._metric_names
+        if summary is None or names is None or not summary.frames:
+            return
+        stamp = int(time.time() * 1000)
+        values: dict[str, float] = {}
+        for key, value in summary.values().items():
+            if not isinstance(value, str) and not (isinstance(value, float) and math.isinf(value)):
+                values[f"{RUN_PREFIX}{key}"] = float(value)
+        for key, count in summary.nonfinite.items():
+            values[f"{RUN_PREFIX}nonfinite/{key}"] = float(count)
+        items = [(names(k), v, stamp, self._last_step) for k, v in values.items()]
+        for i in range(0, len(items), self._max_metrics):
+            self._queue(_Batch([], items[i : i + self._max_metrics]))
 
     # ------------------------------------------------------------------ the queue
     def _queue(self, batch: _Batch) -> None:
@@ -493,7 +583,7 @@ class MlflowSink:
     def to_config(self) -> dict[str, Any]:
         """This sink as a config (what the publisher process builds it from)."""
         return {"type": "mlflow", "tracking_uri": self._uri_arg, "dir": str(self.dir.resolve()),
-                "experiment": self.experiment, "run_name": self.run_name, "tags": self.tags,
+                "experiment_name": self.experiment, "run_name": self.run_name, "tags": self.tags,
                 "run_id": self._run_id_arg, "http_max_retries": self.http_max_retries,
                 "http_timeout": self.http_timeout, "http_backoff_factor": self.http_backoff_factor,
                 "max_pending": self.max_pending, "backlog": self.backlog, "drain_timeout": self.drain_timeout}
@@ -595,6 +685,27 @@ class MlflowSink:
             stacklevel=3,
         )
         return text[:limit]
+
+
+def _user() -> str:
+    """The user creating the run, as MLflow's own ``start_run`` records it (``mlflow.user``)."""
+    try:
+        return getpass.getuser()
+    except Exception:  # no login name (a container without passwd entry): MLflow records "unknown"
+        return "unknown"
+
+
+def _params(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested mappings flattened to ``a/b`` parameter names; a list stays one parameter
+    (``optim/betas = [0.9, 0.95]``), an empty mapping one parameter ``{}``."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out.update(_params(value, f"{name}/"))
+        else:
+            out[name] = dict(value) if isinstance(value, Mapping) else value
+    return out
 
 
 def _futures(operations: Any) -> list[concurrent.futures.Future[Any]]:

@@ -57,8 +57,23 @@ aggregate that is itself NaN (a key that was never finite) is stored by W&B as `
 **Absent stays absent.** A key missing from a frame is missing from that row (PPO's critic-warmup
 steps have no policy keys); nothing is zero-filled.
 
-**Config and exit code.** The run config is the publisher's flat (`a/b`), redacted config.
-`close(failed=True)` finishes the run with exit code 1 (W&B shows it failed), else 0; a run that
+**W&B's own environment variables.** Each of `project`, `entity`, `group`, `tags`, `notes`,
+`job_type` and `dir` that the arguments leave out is read, when the sink is constructed, from
+`WANDB_PROJECT`, `WANDB_ENTITY`, `WANDB_RUN_GROUP`, `WANDB_TAGS` (comma-separated), `WANDB_NOTES`,
+`WANDB_JOB_TYPE` and `WANDB_DIR`, as `wandb.init` itself would; `WANDB_MODE` at start (above). An
+explicit argument always wins. Without a project anywhere, W&B's default applies
+(`uncategorized`). `run_settings()` (the project and entity) goes into the journal header, so
+`posttrain-metrics export --to wandb` replays into the same place.
+
+**Labels that no longer hold.** A categorical key absent from a later frame of its phase
+(`optim/skip_reason` after an applied update) has its summary column set to null: the runs table
+never shows a skip reason of an earlier window as the run's last one. History keeps every label.
+
+**A run id seen before** is resumed (`resume="allow"` by default): a restarted job that passes its
+run id again continues its W&B run; a new run id is a new run.
+
+**Config and exit code.** The run config is nested as the trainer passed it (lists as lists,
+`None` as null), redacted at every depth (`RunInfo.config_tree`). `close(failed=True)` finishes the run with exit code 1 (W&B shows it failed), else 0; a run that
 never closed (its trainer was killed, the publisher drained its journal) with exit code 137, and
 the summary's `posttrain_metrics/status` says `finished`, `failed` or `killed`. `close`
 returns once W&B has acknowledged the end of the run; its background process finishes writing
@@ -203,15 +218,15 @@ class WandbSink:
     def __init__(
         self,
         *,
-        project: str,
+        project: str | None = None,
         entity: str | None = None,
         dir: str | os.PathLike[str] | None = None,
         mode: str | None = None,
-        tags: Sequence[str] = (),
+        tags: Sequence[str] | None = None,
         group: str | None = None,
         job_type: str | None = None,
         notes: str | None = None,
-        resume: Literal["allow", "never", "must", "auto"] | None = None,
+        resume: Literal["allow", "never", "must", "auto"] | None = "allow",
         init_timeout: float = 30.0,
         system_metrics: bool = True,
         capture_console: bool = False,
@@ -226,14 +241,20 @@ class WandbSink:
             raise MetricsError("WandbSink settings={'mode': ...}; fix: pass mode=... instead")
         if summary_every < 0:
             raise MetricsError(f"WandbSink summary_every={summary_every}; fix: use 0 (close only) or more")
-        self.project = project
-        self.entity = entity
+        # W&B's own environment variables fill what the arguments leave out, never the reverse.
+        env = os.environ
+        self.project = project if project is not None else env.get("WANDB_PROJECT") or None
+        self.entity = entity if entity is not None else env.get("WANDB_ENTITY") or None
+        if dir is None and env.get("WANDB_DIR"):
+            dir = env["WANDB_DIR"]
         self.dir = None if dir is None else Path(dir)
         self.mode = mode
+        if tags is None:
+            tags = [t.strip() for t in env.get("WANDB_TAGS", "").split(",") if t.strip()]
         self.tags = tuple(tags)
-        self.group = group
-        self.job_type = job_type
-        self.notes = notes
+        self.group = group if group is not None else env.get("WANDB_RUN_GROUP") or None
+        self.job_type = job_type if job_type is not None else env.get("WANDB_JOB_TYPE") or None
+        self.notes = notes if notes is not None else env.get("WANDB_NOTES") or None
         self.resume = resume
         self.init_timeout = float(init_timeout)
         self.system_metrics = system_metrics
@@ -244,6 +265,7 @@ class WandbSink:
         self._handles: dict[str, Any] = {}
         self._summary: RunSummary | None = None
         self._bound: set[str] = set()
+        self._labels: dict[str, str] = {}  # categorical key -> phase of the frame that last held it
         self._frames = 0
 
     @property
@@ -278,7 +300,7 @@ class WandbSink:
             dir=None if self.dir is None else str(self.dir),
             id=run.run_id,
             name=run.name,
-            config=dict(run.config),
+            config=dict(run.config_tree),
             tags=list(self.tags) or None,
             group=self.group,
             job_type=self.job_type,
@@ -291,6 +313,7 @@ class WandbSink:
         self._handles = {"run_id": wb_run.id, "url": wb_run.url, "dir": wb_run.dir, "project": wb_run.project}
         self._summary = RunSummary(run.keys)
         self._bound = set()
+        self._labels = {}
         self._frames = 0
         wb_run.define_metric(STEP_KEY)
         for namespace in (*NAMESPACES, *(info.namespace for info in run.keys.values())):
@@ -314,10 +337,24 @@ class WandbSink:
         if frame.wall_time > 0 and math.isfinite(frame.wall_time):
             row["_timestamp"] = frame.wall_time
         run.log(row)  # no step=: rows are never dropped for a step that goes backwards
+        self._clear_stale_labels(run, frame)
         summary.add(frame)
         self._frames += 1
         if self.summary_every and self._frames % self.summary_every == 0:
             self._push_summary(run, summary)
+
+    def _clear_stale_labels(self, run: Run, frame: Frame) -> None:
+        """A categorical key absent from a frame of its phase has no label for that window (an applied
+        update has no ``optim/skip_reason``): its summary column is emptied, so that the runs table
+        never shows a reason that no longer holds."""
+        stale = [key for key, phase in self._labels.items() if phase == frame.phase and key not in frame.metrics]
+        for key in stale:
+            del self._labels[key]
+        for key, value in frame.metrics.items():
+            if isinstance(value, str):
+                self._labels[key] = frame.phase
+        if stale:
+            run.summary.update(dict.fromkeys(stale))
 
     def close(self, *, failed: bool = False, killed: bool = False) -> None:
         """Finish the run: exit code 0, 1 when it failed, 137 (128 + SIGKILL) when it was killed (a
@@ -345,6 +382,12 @@ class WandbSink:
                 "resume": self.resume, "init_timeout": self.init_timeout, "system_metrics": self.system_metrics,
                 "capture_console": self.capture_console, "summary_every": self.summary_every,
                 "settings": self.settings}
+
+    def run_settings(self) -> dict[str, Any]:
+        """Where the run goes, as resolved from the arguments and W&B's environment variables:
+        recorded in the journal header, so ``posttrain-metrics export --to wandb`` sends a replay to
+        the same project and entity."""
+        return {"project": self.project, "entity": self.entity}
 
     def held_points(self, run_id: str, name: str, keys: Any) -> Any:
         """The (key, step) points the offline runs of ``run_id`` under ``dir`` already hold."""

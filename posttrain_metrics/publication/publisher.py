@@ -48,10 +48,10 @@ from ..core.distributed import global_rank
 from ..core.errors import MetricsError
 from ..core.frame import Frame
 from ..core.keys import KeyInfo, describe, label_key
-from ..core.redact import flatten_config, redact_text
+from ..core.redact import config_tree, flatten_config, redact_text
 from ..core.reducer import AdapterSpec, resolve_adapters
 from ..core.values import Scalar
-from ..integrations.base import RunInfo, Sink
+from ..integrations.base import RunInfo, Sink, tracker_settings
 from ..journal import SAFE_RUN_ID
 
 __all__ = ["MODES", "Publisher", "display_frame", "nonfinite_kind"]
@@ -195,6 +195,7 @@ class Publisher:
             run_id=self.run_id,
             name=self.run_name,
             config=flatten_config(config or {}),
+            config_tree=config_tree(config), trackers=tracker_settings(self.sinks),
             keys=self.keys,
             adapters=tuple(a.name for a in self.adapters),
             started=started if started is not None else time.time(),
