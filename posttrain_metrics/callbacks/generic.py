@@ -44,8 +44,12 @@ class MetricsCallback:
     ``out_dir``. Sinks are constructed on every rank (constructors do no I/O) but only global rank
     0 starts and writes them. ``publisher`` says where the trackers are written: ``"process"`` (the
     default: a publisher process tails the journal; the training thread writes only the journal and
-    console lines), ``"thread"`` (the same, on a thread of this process) or ``"inline"``; ``close``
-    waits up to ``close_timeout`` seconds for it (see :class:`~posttrain_metrics.publication.Publisher`).
+    console lines; ``on_run_start`` does not wait for the trackers, and their own output goes to
+    ``<out_dir>/publisher.log``), ``"thread"`` (the same, on a thread of this process: no wait
+    either, but the trackers' output stays on this process's streams) or ``"inline"`` (every sink on
+    the calling thread: ``on_run_start`` waits for each tracker to start, seconds for MLflow's schema
+    on a fresh SQLite file); ``close`` waits up to ``close_timeout`` seconds for the trackers (see
+    :class:`~posttrain_metrics.publication.Publisher`).
     ``imports`` names modules that register your own adapters, for the publisher process to import.
     ``total_steps`` (the run's optimizer steps, when known) makes the console line read ``step/total``
     with an ETA; trainer callbacks set it from the trainer's ``max_steps`` (:meth:`set_total_steps`).
