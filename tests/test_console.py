@@ -127,6 +127,30 @@ def test_negative_update_count_is_refused() -> None:
         reduce_metrics("trainer", [[update_chunk("applied", -1, 0)]])
 
 
+def test_run_aggregate_of_a_windows_count_is_the_runs_total() -> None:
+    from posttrain_metrics import get_adapter
+    from posttrain_metrics.core.keys import describe
+    from posttrain_metrics.core.summary import RunSummary
+
+    summary = RunSummary(describe([get_adapter("trainer")]))
+    windows = [(1, 1, 5), (2, 0, 7), (0, 2, 7)]  # (applied, skipped, optimizer_step after the window)
+    for step, (applied, skipped, committed) in enumerate(windows, 1):
+        summary.add(Frame(step, {"optim/updates_applied": applied, "optim/updates_skipped": skipped,
+                                 "optim/optimizer_step": committed}))
+    got = summary.values()
+    assert got["optim/updates_applied"] == 3 and type(got["optim/updates_applied"]) is int  # 1 + 2 + 0
+    assert got["optim/updates_skipped"] == 3  # 1 + 0 + 2
+    assert got["optim/optimizer_step"] == 7  # a running counter: its last value, as before
+
+
+def test_per_window_is_declared_on_agreed_counts_only() -> None:
+    from posttrain_metrics import Metric, MetricAdapter
+    from posttrain_metrics.core.reduction import Reduction
+
+    with pytest.raises(MetricsError, match=r"per_window=True .* fix: declare it Reduction\.AGREED with count=True"):
+        MetricAdapter("mine", metrics=[Metric("events", Reduction.SUM, "Events", count=True, per_window=True)])
+
+
 # -- where output and warnings go -------------------------------------------------------------------
 
 

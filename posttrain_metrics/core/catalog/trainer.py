@@ -11,6 +11,7 @@ count each update once per rank (world size times too many). The trainer already
 exactly (``optimizer_step`` is such a counter); it reports the window's count so far on the chunk
 that ends each update (or once, on the window's last chunk), the window's last report is its count,
 and ranks that disagree are desynchronised: a ``MetricsError`` on every rank, like ``optimizer_step``.
+Their run aggregate (``run/optim/updates_skipped``) is the run's total (``per_window``).
 """
 
 from __future__ import annotations
@@ -53,10 +54,10 @@ TRAINER = MetricAdapter(
         _optim("zero_grad_skips_total", "Updates skipped because the gradient was exactly zero (expected in GRPO)", count=True),
         _optim("finite_gradient_check_enabled", "Whether force_finite_grads is on"),
         _optim(update_count_leaf("applied"), "Updates of this window the optimizer applied (the window's count, "
-               "reported so far on each update's last chunk)", unit="updates", count=True),
+               "reported so far on each update's last chunk)", unit="updates", count=True, per_window=True),
         _optim(update_count_leaf("skipped"), "Updates of this window that were skipped (zero or non-finite "
-               "gradient, non-finite loss)", unit="updates", count=True),
+               "gradient, non-finite loss)", unit="updates", count=True, per_window=True),
         _optim(update_count_leaf("discarded"), "Updates of this window dropped by the poisoned-window countdown",
-               unit="updates", count=True),
+               unit="updates", count=True, per_window=True),
     ],
 )
