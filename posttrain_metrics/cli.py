@@ -46,6 +46,8 @@ def _keys_rows(adapters: Sequence[str]) -> list[tuple[str, ...]]:
                 how = metric.reduction.value
                 if metric.labels:
                     how += " {" + ", ".join(metric.labels) + "}"
+                if metric.per_window:
+                    how += " (the window's own count; run aggregate: the total)"
                 if metric.second_moment:
                     prefix = key.rsplit("/", 1)[0]
                     how += f" from {prefix}/{metric.mean} and {prefix}/{metric.second_moment}"
