@@ -1,8 +1,8 @@
 """Single-controller reduction of one step: our portable states against verl's dict-of-lists mean.
 
 A Ray driver (verl, OpenRLHF) collects what each worker returns for a step and reduces it. Two ways
-of doing that, on the same GRPO windows (grpo + reward + trainer adapters, 58 declared keys, all
-reported: ``tests/_runs.grpo_chunk`` plus its optional keys; C chunks per worker), for W = 2, 8
+of doing that, on the same GRPO windows (grpo + reward + trainer adapters, 58 of their 61 declared
+keys reported, all but the window's update counts added later: ``tests/_runs.grpo_chunk`` plus its optional keys; C chunks per worker), for W = 2, 8
 and 64 workers:
 
 - ours: each worker returns ``WorkerMetrics.export(step)`` (a compact dict of the packed window);
@@ -55,7 +55,8 @@ PUBLIC = {source: f"{m.namespace or 'train'}/{m.leaf}" for a in ADAPTERS for sou
 
 def full_chunk(rng: random.Random, step: int, last: bool) -> dict[str, object]:
     """``grpo_chunk`` plus the optional keys it leaves out (sequence clip, routing replay, score
-    centering, dynamic sampling, skip reason), so that every one of the 58 declared keys is published."""
+    centering, dynamic sampling, skip reason), so that 58 of the 61 declared keys are published (not the
+    window's update counts ``updates_<outcome>``, declared after these benchmarks were first run)."""
     chunk = grpo_chunk(rng, step, last)
     tokens = int(chunk["grpo_valid_token_count"])  # type: ignore[call-overload]
     chunk.update(

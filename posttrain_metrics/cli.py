@@ -12,7 +12,9 @@ import traceback
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+from . import __version__
 from .core.catalog import adapter_names, get_adapter
 from .core.errors import MetricsError
 from .core.printable import printable
@@ -22,6 +24,9 @@ from .journal import Journal, read_journal
 
 __all__ = ["main"]
 
+
+DEMO_STEPS = 80
+"""The demo's default length (``ToyConfig.steps``; stated here so that ``--help`` imports no torch)."""
 
 KEYS_HEADER = ("adapter", "source name (pass this)", "published key", "reduction", "weight / count", "unit",
                "headline", "meaning")
@@ -41,6 +46,8 @@ def _keys_rows(adapters: Sequence[str]) -> list[tuple[str, ...]]:
                 how = metric.reduction.value
                 if metric.labels:
                     how += " {" + ", ".join(metric.labels) + "}"
+                if metric.per_window:
+                    how += " (the window's own count; run aggregate: the total)"
                 if metric.second_moment:
                     prefix = key.rsplit("/", 1)[0]
                     how += f" from {prefix}/{metric.mean} and {prefix}/{metric.second_moment}"
@@ -151,6 +158,8 @@ def cmd_publish(args: argparse.Namespace) -> int:
     with warnings.catch_warnings():
         if args.quiet:
             warnings.simplefilter("ignore")
+        else:
+            _forward_our_warnings()
         result = follow(journal, sinks, follow=args.follow, parent_pid=args.parent_pid)
     if not args.quiet:
         done = ", ".join(f"{name} {info['written']} sent, {info['already_held']} already there"
@@ -159,6 +168,31 @@ def cmd_publish(args: argparse.Namespace) -> int:
     # Following, the run ended: a tracker's failures are in the status report, and the trainer must
     # not take a non-zero exit for a publisher that died (it would restart it). By hand: exit 1.
     return 1 if result.get("failures") and not args.follow else 0
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _forward_our_warnings() -> None:
+    """In the publisher process (whose output goes to its log file): our own warnings also go, one
+    line each, to the trainer's stderr, whose descriptor the trainer passed in the environment. The
+    trackers' warnings stay in the log. Call inside ``warnings.catch_warnings()``: it restores."""
+    from .publication.process import WARNINGS_FD_ENV
+
+    try:
+        stream = os.fdopen(int(os.environ[WARNINGS_FD_ENV]), "w", buffering=1, closefd=False)
+    except (KeyError, ValueError, OSError):
+        return
+    logged = warnings.showwarning
+
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+             file: Any = None, line: str | None = None) -> None:
+        logged(message, category, filename, lineno, file, line)  # the log keeps every warning
+        if os.path.abspath(filename).startswith(_PACKAGE_DIR):
+            with contextlib.suppress(OSError, ValueError):
+                stream.write(printable(f"posttrain-metrics publisher: warning: {message}") + "\n")
+
+    warnings.showwarning = show
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -190,16 +224,25 @@ def build_parser() -> argparse.ArgumentParser:
         description="Exact post-training metrics: run the demo, replay journals into trackers, publish a run, "
         "check a run's health, plot it, list the metric catalogue.",
     )
+    parser.add_argument("--version", action="version", version=f"posttrain-metrics {__version__}")
     parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                         help="import MODULE first (a module that registers your own adapters)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    demo = sub.add_parser("demo", help="a real small GRPO run on the CPU, published to every sink")
+    demo = sub.add_parser(
+        "demo", help="a real small GRPO run on the CPU, published to every sink",
+        description=f"A real small GRPO run on the CPU (a GRU policy learns a toy digit-sum task), published "
+        f"through MetricsCallback to the journal, the console, TensorBoard, MLflow (SQLite) and W&B (offline). "
+        f"Defaults: {DEMO_STEPS} steps, 2 ranks over gloo, seed 0; per step and rank 8 prompts x 8 samples, "
+        "2 optimizer updates (n_mini 2) of 2 accumulation chunks each; validation every 10 steps; output in "
+        "./runs/demo-<date>-<time>/. Takes about a minute on 2 CPU cores.")
     demo.add_argument("--out", default=None, help="output folder (default: a new folder under ./runs/)")
-    demo.add_argument("--steps", type=_at_least_one, default=None, help="optimizer steps (default: the demo's own)")
+    demo.add_argument("--steps", type=_at_least_one, default=DEMO_STEPS,
+                      help=f"optimizer steps, one published step each (default {DEMO_STEPS})")
     demo.add_argument("--ranks", type=_at_least_one, default=2, help="data-parallel ranks over gloo (default 2)")
-    demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--mlflow-uri", default=None, help="an MLflow tracking URI instead of the SQLite file")
+    demo.add_argument("--seed", type=int, default=0, help="seed of the policy and the sampling (default 0)")
+    demo.add_argument("--mlflow-uri", default=None,
+                      help="an MLflow tracking URI instead of the SQLite file (default <out>/mlflow.db)")
     for sink in ("wandb", "mlflow", "tensorboard", "console"):
         demo.add_argument(f"--no-{sink}", action="store_true", help=f"leave the {sink} sink out")
     demo.set_defaults(func=cmd_demo)

@@ -144,6 +144,28 @@ def test_training_step_metrics_must_be_a_mapping() -> None:
     callback.metrics.on_run_end()
 
 
+@pytest.mark.parametrize(("max_steps", "estimated", "want"), [
+    (20, 8, 20),  # max_steps set: it bounds the run
+    (-1, 8, 8),  # unset (Lightning's -1): Lightning's estimate from epochs and batches
+    (-1, float("inf"), None),  # unbounded: no total, no ETA
+    (-1, RuntimeError("no length"), None),  # the estimate cannot be made: unknown, not an error
+])
+def test_total_steps_from_the_trainer(max_steps: int, estimated: Any, want: int | None) -> None:
+    from posttrain_metrics.callbacks.lightning import _total_steps
+
+    class Trainer:  # the two public attributes the callback reads
+        def __init__(self) -> None:
+            self.max_steps = max_steps
+
+        @property
+        def estimated_stepping_batches(self) -> Any:
+            if isinstance(estimated, Exception):
+                raise estimated
+            return estimated
+
+    assert _total_steps(Trainer()) == want  # type: ignore[arg-type]
+
+
 if __name__ == "__main__":
     _, flag, where = sys.argv
     assert flag == "--worker"

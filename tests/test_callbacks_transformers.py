@@ -412,6 +412,19 @@ def test_steps_without_a_log_still_publish_recorded_windows() -> None:
     assert [(f.step, dict(f.metrics)) for f in sink.frames] == [(s, {"train/kl_max": float(s)}) for s in (1, 2, 3)]
 
 
+def test_the_console_reads_step_of_the_trainers_max_steps(capsys: pytest.CaptureFixture[str]) -> None:
+    cb = PosttrainMetricsCallback(sinks=[{"type": "console"}])
+    args, state, control = grpo_args(), transformers.TrainerState(), transformers.TrainerControl()
+    state.max_steps = 12
+    cb.on_train_begin(args, state, control)
+    state.global_step = 1
+    cb.on_step_begin(args, state, control)
+    cb.on_chunk_end({"grad_norm": 0.5})
+    cb.on_step_end(args, state, control)
+    cb.on_train_end(args, state, control)
+    assert " train step 1/12 | grad_norm 0.5" in capsys.readouterr().out
+
+
 def test_from_config_and_errors() -> None:
     cb = PosttrainMetricsCallback.from_config({
         "_target_": "posttrain_metrics.callbacks.transformers.PosttrainMetricsCallback",

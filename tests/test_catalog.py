@@ -262,6 +262,10 @@ CATALOGUE_ADDITIONS = {
     ("train/critic_token_count", "ppo"),  # ... and of critic-window keys
     ("train/valid_sequence_count", "opd_direct"),  # the shared count, declared with the token count
     ("train/valid_sequence_count", "opd_advantage"),
+    # a window's updates by outcome (n_mini > 1): the last label alone hides an applied update
+    ("optim/updates_applied", "trainer"),
+    ("optim/updates_skipped", "trainer"),
+    ("optim/updates_discarded", "trainer"),
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,9 @@ from posttrain_metrics.journal import read_journal
 STEPS = 10  # one validation frame at step 10
 
 
+OUTPUT: dict[str, str] = {}  # the demo's stdout and stderr
+
+
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("demo") / "run"
@@ -30,6 +34,7 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert result.returncode == 0, f"demo failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     assert "mlflow ui --backend-store-uri" in result.stdout and "tensorboard --logdir" in result.stdout
     assert "wandb sync" in result.stdout and "Doctor:" in result.stdout
+    OUTPUT.update(stdout=result.stdout, stderr=result.stderr)
     return out
 
 
@@ -81,6 +86,35 @@ def test_demo_headline_keys_agree_across_journal_mlflow_tensorboard_and_wandb(de
     assert run.data.tags["optim/update_outcome"] == outcomes[STEPS]
     assert wandb_run.column("optim/update_outcome") == outcomes
     assert set(outcomes.values()) <= {"applied", "skipped"}
+
+
+def test_demo_console_shows_our_lines_and_the_trackers_chatter_goes_to_the_log(demo_run: Path) -> None:
+    stdout, stderr = OUTPUT["stdout"], OUTPUT["stderr"]
+    log = demo_run / "publisher.log"
+    assert stdout.count(f"tracker logs (W&B, MLflow, TensorBoard output): {log}") == 2  # at start and end
+    text = log.read_text()
+    assert "INFO" in text and "mlflow" in text  # MLflow's schema creation on the fresh SQLite file
+    for stream in (stdout, stderr):
+        assert not re.search(r"^(wandb:|.* INFO )", stream, re.M), stream[-2000:]
+        assert "alembic" not in stream
+    train = {int(m[1]): m[0] for m in re.finditer(rf"^\d\d:\d\d:\d\d train step (\d+)/{STEPS} \|.*$", stdout, re.M)}
+    assert sorted(train) == list(range(1, STEPS + 1))
+    assert all(" | eta " in train[s] for s in range(2, STEPS + 1))
+
+    # each window's updates by outcome, as the journal holds them, on its console line
+    n_mini = ToyConfig().n_minibatches
+    for frame in read_journal(demo_run / "journal.jsonl").frames:
+        if frame.phase != "train":
+            continue
+        applied, skipped = frame.metrics["optim/updates_applied"], frame.metrics["optim/updates_skipped"]
+        assert applied + skipped == n_mini, frame.step  # every update of the window, counted once
+        line = train[frame.step]
+        if skipped:
+            shown = ", ".join(f"{o} {n}" for o, n in (("applied", applied), ("skipped", skipped)) if n)
+            assert f"| updates {shown} |" in line + " |", line  # then the ETA, or the end of the line
+        else:
+            assert "updates" not in line, line
+        assert "SKIPPED" not in line
 
 
 def test_demo_reward_rises_over_a_seeded_run() -> None:

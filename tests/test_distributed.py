@@ -329,6 +329,28 @@ def scenario_counters_disagree(rank: int, world: int) -> Any:
     return _then_next_window(rank, [{"optimizer_step": step, "grad_norm": 1.0 + rank}])
 
 
+def _update_window(skipped_on_last_rank: int, rank: int, world: int) -> list[dict[str, Any]]:
+    """n_mini = 2 updates of 2 accumulation chunks: applied, then skipped. Each update's last chunk
+    carries the window's count so far (tensors, as a trainer holds them)."""
+    import torch
+
+    skipped = skipped_on_last_rank if rank == world - 1 else 1
+    return [{"update_outcome": "accumulating", "grad_norm": torch.tensor(0.0)},
+            {"update_outcome": "applied", "updates_applied": torch.tensor(1), "updates_skipped": torch.tensor(0),
+             "grad_norm": torch.tensor(0.5)},
+            {"update_outcome": "accumulating"},
+            {"update_outcome": "skipped", "updates_applied": torch.tensor(1), "updates_skipped": torch.tensor(skipped),
+             "grad_norm": torch.tensor(0.0)}]
+
+
+def scenario_update_counts(rank: int, world: int) -> Any:
+    return _reduce(GRPO_STEP, _update_window(1, rank, world), 8)
+
+
+def scenario_update_counts_disagree(rank: int, world: int) -> Any:
+    return _then_next_window(rank, _update_window(2, rank, world))
+
+
 def scenario_gap_in_some_chunks(rank: int, world: int) -> Any:
     with_gap = {"grpo_clip_frac": 0.1, "grpo_valid_token_count": 900, **GAP}
     without = {"grpo_clip_frac": 0.2, "grpo_valid_token_count": 100}
@@ -360,6 +382,8 @@ SCENARIOS: dict[str, Callable[[int, int], Any]] = {
     "value_raises": scenario_value_raises,
     "bad_step_on_one_rank": scenario_bad_step_on_one_rank,
     "counters_disagree": scenario_counters_disagree,
+    "update_counts": scenario_update_counts,
+    "update_counts_disagree": scenario_update_counts_disagree,
     "gap_in_some_chunks": scenario_gap_in_some_chunks,
     "gap_with_trainer_chunks": scenario_gap_with_trainer_chunks,
     "still_in_step": scenario_still_in_step,
@@ -632,6 +656,22 @@ def test_bad_step_on_one_rank_fails_everywhere_and_the_next_window_is_normal(wor
 def test_disagreeing_exact_counter_fails_on_every_rank(world: tuple[int, Any]) -> None:
     # rank 0 reports optimizer step 5 and the others 6: never the average
     assert_failed_then_in_step(world, "counters_disagree", "optim/optimizer_step", "from 5 to 6", "desynchronised")
+
+
+def test_update_counts_are_the_windows_count_once_whatever_the_world_size(world: tuple[int, Any]) -> None:
+    # every rank applied one update and skipped the next (same all-reduced gradient, same decisions):
+    # the window counts 1 applied and 1 skipped, not world-size times that
+    for rank, (status, metrics, _) in enumerate(outcomes(world, "update_counts")):
+        assert status == "ok", f"rank {rank}: {metrics}"
+        assert metrics == {"optim/update_outcome": "skipped", "optim/updates_applied": 1, "optim/updates_skipped": 1,
+                           "train/grad_norm": 0.0}
+        assert type(metrics["optim/updates_applied"]) is int
+
+
+def test_ranks_counting_different_updates_fail_on_every_rank(world: tuple[int, Any]) -> None:
+    # the last rank counted 2 skipped updates, the others 1: desynchronised, never an average
+    assert_failed_then_in_step(world, "update_counts_disagree", "optim/updates_skipped", "from 1 to 2",
+                               "desynchronised")
 
 
 def test_family_in_some_chunks_of_every_rank_fails_on_every_rank(world: tuple[int, Any]) -> None:

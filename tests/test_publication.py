@@ -157,7 +157,7 @@ def test_console_headline_follows_the_catalogue():
     frames = grpo_run(steps=3)
     publish(frames, [ConsoleSink(stream=out)])
     lines = out.getvalue().splitlines()
-    assert lines[1].startswith("train step 1 | loss_avg ")
+    assert lines[1].split(" ", 1)[1].startswith("train step 1 | loss_avg ")  # after the time of day
     for key in ("reward_mean", "grad_norm", "grpo_informative_group_count", "kl_mean", "kl_max"):
         assert key in lines[1]
     assert "update_outcome" not in lines[1] and "update_outcome SKIPPED" in lines[3]

@@ -29,6 +29,7 @@ from ..core.frame import Frame
 from ..core.layout import RefusedChunk
 from ..core.reducer import AdapterSpec, MetricReducer
 from ..integrations.base import Sink
+from ..integrations.console import check_total_steps
 from ..integrations.factory import build_sink, check_callback, plain, safe_name
 from ..publication import Publisher
 
@@ -43,9 +44,15 @@ class MetricsCallback:
     ``out_dir``. Sinks are constructed on every rank (constructors do no I/O) but only global rank
     0 starts and writes them. ``publisher`` says where the trackers are written: ``"process"`` (the
     default: a publisher process tails the journal; the training thread writes only the journal and
-    console lines), ``"thread"`` (the same, on a thread of this process) or ``"inline"``; ``close``
-    waits up to ``close_timeout`` seconds for it (see :class:`~posttrain_metrics.publication.Publisher`).
+    console lines; ``on_run_start`` does not wait for the trackers, and their own output goes to
+    ``<out_dir>/publisher.log``), ``"thread"`` (the same, on a thread of this process: no wait
+    either, but the trackers' output stays on this process's streams) or ``"inline"`` (every sink on
+    the calling thread: ``on_run_start`` waits for each tracker to start, seconds for MLflow's schema
+    on a fresh SQLite file); ``close`` waits up to ``close_timeout`` seconds for the trackers (see
+    :class:`~posttrain_metrics.publication.Publisher`).
     ``imports`` names modules that register your own adapters, for the publisher process to import.
+    ``total_steps`` (the run's optimizer steps, when known) makes the console line read ``step/total``
+    with an ETA; trainer callbacks set it from the trainer's ``max_steps`` (:meth:`set_total_steps`).
     Use as a context manager, or call ``on_run_end`` in a ``finally``: it is idempotent and also runs
     at interpreter exit. Under a launcher that started several ranks
     (``WORLD_SIZE`` > 1), reduce refuses until torch.distributed is initialised, unless ``local=True``
@@ -65,6 +72,7 @@ class MetricsCallback:
         publisher: str = "process",
         close_timeout: float = 300.0,
         imports: Sequence[str] = (),
+        total_steps: int | None = None,
     ) -> None:
         adapters, sinks = plain(adapters), plain(sinks)
         check_callback(adapters=adapters, sinks=sinks, out_dir=out_dir, run_name=run_name)
@@ -82,6 +90,21 @@ class MetricsCallback:
         }
         self.last_frame: Frame | None = None
         self._started = False
+        self.set_total_steps(total_steps)
+        log = self.publisher.vendor_log
+        if log is not None:
+            for sink in built:
+                if isinstance(getattr(sink, "notes", None), list):
+                    sink.notes.append(f"tracker logs (W&B, MLflow, TensorBoard output): {log}")  # type: ignore[attr-defined]
+
+    def set_total_steps(self, total_steps: int | None) -> None:
+        """The run's number of optimizer steps (``None``: unknown), for the console's ``step/total``
+        and ETA; may be called at any time (trainer callbacks call it when the trainer knows)."""
+        check_total_steps(total_steps)
+        for sink in self.publisher.sinks:
+            setter = getattr(sink, "set_total_steps", None)
+            if callable(setter):
+                setter(total_steps)
 
     @property
     def sinks(self) -> list[Sink]:
@@ -165,7 +188,7 @@ def build_callback(config: Mapping[str, Any]) -> MetricsCallback:
                       "posttrain_metrics.callbacks.generic.MetricsCallback"):
         raise MetricsError(f"_target_ {target!r} is not posttrain_metrics.callbacks.MetricsCallback")
     allowed = {"adapters", "sinks", "out_dir", "run_name", "run_id", "local", "publisher", "close_timeout",
-               "imports"}
+               "imports", "total_steps"}
     unknown = sorted(set(options) - allowed)
     if unknown:
         raise MetricsError(f"unknown callback option(s) {unknown}; it takes {sorted(allowed)}")

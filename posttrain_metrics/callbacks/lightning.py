@@ -29,6 +29,7 @@ key; the validation epoch is then one ``val/`` window (sanity checks are not pub
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -51,6 +52,18 @@ __all__ = ["OUTPUT_KEY", "LightningMetricsCallback"]
 
 OUTPUT_KEY = "posttrain_metrics"
 """Where ``training_step`` / ``validation_step`` put their source-name metrics in the output dict."""
+
+
+def _total_steps(trainer: pl.Trainer) -> int | None:
+    """The run's optimizer steps, for the console's step/total and ETA: ``max_steps`` when set, else
+    Lightning's own estimate from the epochs and batches; ``None`` when unbounded or unknown."""
+    total: Any = trainer.max_steps
+    if not (isinstance(total, int) and total > 0):
+        try:
+            total = trainer.estimated_stepping_batches
+        except Exception:  # no dataloader length yet (an iterable dataset): unknown, not an error
+            return None
+    return int(total) if isinstance(total, (int, float)) and math.isfinite(total) and total >= 1 else None
 
 
 class LightningMetricsCallback(Callback):  # type: ignore[misc]
@@ -102,6 +115,7 @@ class LightningMetricsCallback(Callback):  # type: ignore[misc]
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._seen_step = trainer.global_step
+        self.metrics.set_total_steps(_total_steps(trainer))
         if self.metrics.publisher.run is None:
             self.metrics.on_run_start(plain(dict(pl_module.hparams)))
 

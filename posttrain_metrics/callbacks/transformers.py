@@ -276,6 +276,8 @@ class PosttrainMetricsCallback(TrainerCallback, MetricsCallback):  # type: ignor
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         self._routes = self._resolve(args, state)
+        if state.max_steps and state.max_steps > 0:  # the console's step/total and ETA
+            self.set_total_steps(int(state.max_steps))
         if not self._started:
             self.on_run_start(_run_config(args))
 

@@ -34,7 +34,9 @@ class Metric:
     (``optim``, ``timer``) instead of taking the phase. ``family`` groups keys that a producer emits
     all together or not at all, in every chunk of a window that carries the adapter's keys.
     ``headline_if`` names a key that must be positive for this headline key to be shown (``kl_mean``
-    only when ``kl_beta > 0``).
+    only when ``kl_beta > 0``). ``per_window`` marks an ``AGREED`` count of the window's own events
+    (the window's updates by outcome), not a running total like ``optimizer_step``: its run
+    aggregate is the sum over the run's windows, not the last window's value.
 
     >>> Metric("kl_max", Reduction.MAX, "Largest per-token K3 penalty of the step").leaf
     'kl_max'
@@ -54,6 +56,7 @@ class Metric:
     source: str | None = None
     second_moment: str | None = None
     count: bool = False
+    per_window: bool = False
 
 
 class MetricAdapter:
@@ -142,6 +145,11 @@ class MetricAdapter:
             raise MetricsError(f"{where}: second_moment=<leaf> is taken by POOLED_STD keys only")
         if metric.count and metric.reduction in (Reduction.CATEGORICAL, Reduction.POOLED_STD):
             raise MetricsError(f"{where}: count=True marks a number of things; a {metric.reduction.name} key is not one")
+        if metric.per_window and not (metric.reduction is Reduction.AGREED and metric.count):
+            raise MetricsError(
+                f"{where}: per_window=True marks a count of the window's own events, agreed by every rank; fix: "
+                "declare it Reduction.AGREED with count=True, or drop per_window"
+            )
         if (metric.reduction is Reduction.CATEGORICAL) != bool(metric.labels):
             raise MetricsError(f"{where}: labels=(...) are required by CATEGORICAL and only by it")
         if len(set(metric.labels)) != len(metric.labels):

@@ -4,7 +4,7 @@ Trackers summarise a run by the last value (W&B's default) or a plain min/max th
 poisons; neither can weight a mean by tokens. :class:`RunSummary` folds frames the way the key is
 declared: weighted means over the whole run by their weight, sums to totals, maxima to the run
 maximum (NaN ignored and counted; an infinite value counts, and is counted), categorical labels to
-counts. Types follow the widest input seen: a maximum over ints and floats is a float.
+counts, a window's own counts (``per_window``: updates by outcome) to run totals. Types follow the widest input seen: a maximum over ints and floats is a float.
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ class RunSummary:
         info = self.keys.get(key)
         if info is None:
             return (_SKIP, "", "")
-        return (_CODES[info.reduction], info.weight_key or "", info.mean_key or "")
+        code = _SUM if info.metric.per_window else _CODES[info.reduction]  # a window's count: the run's total
+        return (code, info.weight_key or "", info.mean_key or "")
 
     def add(self, frame: Frame) -> None:
         """Fold one frame: O(keys) with one small plan per key, computed the first time it is seen."""
@@ -101,7 +102,8 @@ class RunSummary:
         """The run aggregate of every key seen; categorical keys give one count per label."""
         out: dict[str, Scalar] = {}
         for key, acc in self._acc.items():
-            r = self.keys[key].reduction
+            info = self.keys[key]
+            r = Reduction.SUM if info.metric.per_window else info.reduction
             last = self._last[key]
             if r is Reduction.WEIGHTED_MEAN:
                 out[key] = acc[0] / acc[1] if acc[1] > 0 else 0.0

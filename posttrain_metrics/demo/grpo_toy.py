@@ -21,7 +21,9 @@ The trainer is ordinary GRPO, every part of which shows up in the metrics:
   KL term), so a minibatch in which every group of every rank ties has an exactly zero all-reduced
   gradient: the update is skipped and counted (``update_outcome="skipped"``, ``step_skipped``,
   ``zero_grad_skips_total``; no ``skip_reason``, whose labels are the non-finite rejections),
-  identically on all ranks because the decision is taken on the all-reduced gradient;
+  identically on all ranks because the decision is taken on the all-reduced gradient; the window's
+  updates are counted by outcome (``updates_applied``, ``updates_skipped``), so a step whose first
+  update applied and whose second skipped reads ``applied 1, skipped 1``;
 * pre-clip gradient norm from ``clip_grad_norm_``, warmup + cosine learning-rate schedule, AdamW.
 
 Metrics leave through :class:`TrainerHooks` as source-name dicts (``grpo_clip_frac``,
@@ -51,6 +53,8 @@ from typing import Any, Protocol, Union
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+
+from ..core.catalog.trainer import update_count_leaf
 
 __all__ = [
     "DigitPolicy",
@@ -655,6 +659,9 @@ def train_step(
     batch = collect(policy, reference, config, step, gen)
     divisors, reward_mean = global_counts(batch, config, world_size)
     params = list(policy.parameters())
+    # This window's updates by outcome, reported so far on each update's last chunk: the window's
+    # last report is its count (AGREED: every rank takes the same decisions, see catalog/trainer.py).
+    window = {"applied": 0, "skipped": 0}
     for m in range(config.n_minibatches):
         for c in range(config.grad_accum_chunks):
             loss, metrics = chunk_objective(policy, batch, minibatch_rows(config, m, c), divisors[m], config)
@@ -665,6 +672,8 @@ def train_step(
                 metrics["update_outcome"] = "accumulating"
             else:
                 metrics.update(finish_update(optimizer, params, counters, config, world_size))
+                window[str(metrics["update_outcome"])] += 1
+                metrics.update({update_count_leaf(outcome): n for outcome, n in window.items()})
                 if m == config.n_minibatches - 1:
                     metrics["e2e_step_s"] = time.perf_counter() - started
             hooks.on_chunk_end(metrics)

@@ -55,10 +55,11 @@ def make_callback(
     out_dir: str,
     run_name: str,
     run_id: str,
+    total_steps: int | None = None,
 ) -> MetricsCallback:
     """One rank's callback (module level, so spawned ranks can unpickle it)."""
     return MetricsCallback(adapters=list(DEMO_ADAPTERS), sinks=list(sinks), out_dir=out_dir,
-                           run_name=run_name, run_id=run_id)
+                           run_name=run_name, run_id=run_id, total_steps=total_steps)
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -73,7 +74,7 @@ def run_demo(args: argparse.Namespace) -> int:
     print(f"posttrain-metrics demo: GRPO on a toy digit-sum task, {config.steps} steps, {args.ranks} "
           f"rank(s) over gloo, seed {args.seed}; output in {out}", flush=True)
     factory = functools.partial(make_callback, sinks=sinks, out_dir=str(out), run_name=name,
-                                run_id=uuid.uuid4().hex[:16])
+                                run_id=uuid.uuid4().hex[:16], total_steps=config.steps)
     summaries = run_distributed(config, factory, ranks=args.ranks)
     report(out, summaries[0], sinks, time.time() - started)
     return 0

@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 from typing import TextIO
 
+from ..core.catalog.trainer import COUNTED_OUTCOMES, update_count_leaf
+from ..core.errors import MetricsError
 from ..core.frame import Frame
 from ..core.keys import KeyInfo, headline_keys
 from ..core.printable import printable
 from ..core.values import Scalar
 from .base import RunInfo
 
-__all__ = ["ConsoleSink"]
+__all__ = ["ConsoleSink", "check_total_steps", "format_eta", "update_counts"]
+
+OUTCOME_KEY = "optim/update_outcome"
 
 
 def _fmt(value: Scalar) -> str:
@@ -22,48 +27,137 @@ def _fmt(value: Scalar) -> str:
     return f"{value:.4g}" if math.isfinite(value) else str(value)
 
 
+def format_eta(seconds: float) -> str:
+    """``45s``, ``12m05s``, ``3h07m``: short enough for a console line.
+
+    >>> format_eta(72), format_eta(3 * 3600 + 7 * 60 + 59)
+    ('1m12s', '3h07m')
+    """
+    s = max(0, round(seconds))
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s}s"
+
+
+def update_counts(metrics: Mapping[str, Scalar]) -> dict[str, int] | None:
+    """The window's updates by outcome (``{"applied": 1, "skipped": 1}``), from the trainer's
+    ``optim/updates_<outcome>`` counts; ``None`` when the producer reports none."""
+    counts = {o: metrics.get(f"optim/{update_count_leaf(o)}") for o in COUNTED_OUTCOMES}
+    if all(n is None for n in counts.values()):
+        return None
+    return {o: int(n) for o, n in counts.items() if isinstance(n, (int, float)) and math.isfinite(n)}
+
+
+def check_total_steps(total_steps: object) -> int | None:
+    """``total_steps`` as given, or a ``MetricsError`` naming what was received and the fix."""
+    if total_steps is None:
+        return None
+    if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1:
+        raise MetricsError(
+            f"total_steps={total_steps!r} ({type(total_steps).__name__}); fix: pass the number of optimizer "
+            "steps of the run as a whole number >= 1, or None when it is not known"
+        )
+    return total_steps
+
+
 class ConsoleSink:
-    """Prints ``step N | train/loss_avg 0.1234 | ...`` for the catalogue's headline keys.
+    """Prints ``12:04:31 train step 8/80 | loss_avg 0.1234 | ... | eta 1m12s`` for the headline keys.
 
     Headline keys are declared in the catalogue (``Metric(headline=True)``, with ``headline_if``
     for keys shown only when another is positive, such as ``kl_mean`` when ``kl_beta > 0``), so
-    a user's own adapter gets its own line. ``keys`` overrides the choice. The outcome label is
-    shown only when it is not ``applied``.
+    a user's own adapter gets its own line. ``keys`` overrides the choice. The line starts with the
+    local time the window closed. When the run's length is known (``total_steps``, set by the
+    callback from its own option or the trainer's ``max_steps``) the step reads ``step/total`` and
+    the line ends with an ETA (from the time per step since the first train step shown).
+
+    The optimizer outcome is shown only when an update was not applied: as the window's counts by
+    outcome (``updates applied 1, skipped 1``) when the trainer reports them (several updates per
+    window, ``n_mini > 1``), else as the last update's label (``update_outcome SKIPPED``).
+    ``notes`` are printed after the run line at start and again at close (where the trackers'
+    own logs go).
     """
 
     name = "console"
     stores_nonfinite = frozenset({"nan", "inf"})
     inline = True  # written on the training thread, never by the publisher process
 
-    def __init__(self, *, keys: Sequence[str] | None = None, every: int = 1, stream: TextIO | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        keys: Sequence[str] | None = None,
+        every: int = 1,
+        stream: TextIO | None = None,
+        total_steps: int | None = None,
+    ) -> None:
         self.keys = tuple(keys) if keys is not None else None
         self.every = max(1, int(every))
         self.stream = stream
+        self.total_steps = check_total_steps(total_steps)
+        self.notes: list[str] = []
         self._catalog: dict[str, KeyInfo] = {}
+        self._first: tuple[int, float] | None = None  # (step, time) of the first train line: the ETA's origin
+        self._closed = False
+
+    def set_total_steps(self, total_steps: int | None) -> None:
+        """The run's number of optimizer steps, once the trainer knows it (``None``: unknown)."""
+        self.total_steps = check_total_steps(total_steps)
 
     def start(self, run: RunInfo) -> None:
         self._catalog = dict(run.keys)
-        self._print(f"run {run.name} ({run.run_id}): adapters {', '.join(run.adapters)}")
+        self._closed = False
+        total = f", {self.total_steps} steps" if self.total_steps else ""
+        self._print(f"run {run.name} ({run.run_id}): adapters {', '.join(run.adapters)}{total}")
+        for note in self.notes:
+            self._print(note)
 
     def line(self, frame: Frame) -> str:
         m = frame.metrics
         keys = [k for k in self.keys if k in m] if self.keys is not None else headline_keys(self._catalog, m)
-        parts = [f"{frame.phase} step {frame.step}"]
+        when = frame.wall_time or time.time()
+        total = self.total_steps
+        step = f"{frame.step}/{total}" if total and frame.phase == "train" else str(frame.step)
+        parts = [f"{time.strftime('%H:%M:%S', time.localtime(when))} {frame.phase} step {step}"]
         for key in keys:
             value = m[key]
             if isinstance(value, str):
-                if value != "applied":
+                counts = update_counts(m) if key == OUTCOME_KEY else None
+                if counts is not None:
+                    if any(n for o, n in counts.items() if o != "applied"):
+                        parts.append("updates " + ", ".join(f"{o} {n}" for o, n in counts.items() if n))
+                elif value != "applied":
                     parts.append(f"{key.rsplit('/', 1)[-1]} {value.upper()}")
                 continue
             parts.append(f"{key.split('/', 1)[-1]} {_fmt(value)}")
+        if frame.phase == "train":
+            eta = self._eta(frame.step, when)
+            if eta is not None:
+                parts.append(f"eta {format_eta(eta)}")
         return " | ".join(parts)
+
+    def _eta(self, step: int, when: float) -> float | None:
+        if self._first is None:
+            self._first = (step, when)
+            return None
+        first_step, first_time = self._first
+        if not self.total_steps or step <= first_step:
+            return None
+        per_step = (when - first_time) / (step - first_step)
+        return max(0, self.total_steps - step) * per_step
 
     def write(self, frame: Frame) -> None:
         if frame.step % self.every == 0 or frame.phase != "train":
             self._print(self.line(frame))
+        elif frame.phase == "train" and self._first is None:
+            self._first = (frame.step, frame.wall_time or time.time())
 
     def close(self, *, failed: bool = False) -> None:
-        pass  # nothing held open
+        if self._closed:
+            return
+        self._closed = True
+        for note in self.notes:
+            self._print(note)
 
     def _print(self, text: str) -> None:
         # Run names, keys and labels may hold control characters (a replayed journal is anyone's

@@ -4,8 +4,10 @@ The trainer writes the tracker sinks' configs next to the journal (``<journal>.s
 0600: a sink's options may hold a tracking URI with a password) and starts
 ``python -m posttrain_metrics.cli publish <journal> --follow --parent-pid <trainer pid>`` in its own
 session (a Ctrl-C to the trainer's terminal does not reach it: it must outlive a trainer that dies
-to drain the journal and mark the run killed). Its stdout is discarded; its warnings go to the
-trainer's stderr. ``check`` (called after each journal line, a syscall at most once a second) warns
+to drain the journal and mark the run killed). Its stdout and stderr (the trackers' banners, INFO
+logs and warnings) go to ``publisher.log`` beside the journal (:func:`log_path`); our own warnings
+are also forwarded to the trainer's stderr, one line each, through a duplicate of that stream whose
+descriptor the child finds in ``POSTTRAIN_METRICS_WARNINGS_FD``. ``check`` (called after each journal line, a syscall at most once a second) warns
 once and restarts a publisher that died; the new one resumes from what each tracker holds.
 """
 
@@ -22,10 +24,21 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MAX_RESTARTS", "PublisherProcess", "sinks_path"]
+from ..core.errors import user_stacklevel
+
+__all__ = ["MAX_RESTARTS", "WARNINGS_FD_ENV", "PublisherProcess", "log_path", "sinks_path"]
 
 MAX_RESTARTS = 10
 """A publisher that keeps dying (a bug, a tracker that crashes it) is restarted this many times."""
+
+
+WARNINGS_FD_ENV = "POSTTRAIN_METRICS_WARNINGS_FD"
+"""The descriptor, in the publisher process, of the trainer's stderr: our warnings go there too."""
+
+
+def log_path(journal: Path) -> Path:
+    """The publisher process's output (the trackers' own chatter): ``publisher.log`` beside the journal."""
+    return journal.with_name("publisher.log")
 
 
 def sinks_path(journal: Path) -> Path:
@@ -74,8 +87,19 @@ class PublisherProcess:
         imports = [arg for module in self.imports for arg in ("--import", module)]
         cmd = [sys.executable, "-m", "posttrain_metrics.cli", *imports, "publish", str(self.journal), "--follow",
                "--parent-pid", str(os.getpid())]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     start_new_session=True)
+        env, fds = dict(os.environ), []
+        try:
+            fds.append(os.dup(2))  # the trainer's stderr, for our warnings (one line each)
+            env[WARNINGS_FD_ENV] = str(fds[0])
+        except OSError:  # no stderr descriptor: our warnings are in the log only
+            env.pop(WARNINGS_FD_ENV, None)
+        try:
+            with open(log_path(self.journal), "ab") as log:  # appended: a restarted publisher adds to it
+                self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                             start_new_session=True, pass_fds=fds, env=env)
+        finally:
+            for fd in fds:
+                os.close(fd)
         self._checked = time.monotonic()
 
     def check(self) -> None:
@@ -96,13 +120,13 @@ class PublisherProcess:
                 f"the publisher process (pid {self.pid}) exited with status {code} before the run's end; "
                 "training is not affected and the journal keeps every frame. Restarted; it resumes from "
                 "what each tracker holds (warned once, counted in restarts)",
-                stacklevel=4,
+                stacklevel=user_stacklevel(),
             )
         if self.restarts <= MAX_RESTARTS:
             self._spawn()
         elif self.restarts == MAX_RESTARTS + 1:
             warnings.warn(f"the publisher process died {MAX_RESTARTS} times; not restarted again. The journal "
-                          f"keeps every frame: `{self.command()}` publishes them", stacklevel=4)
+                          f"keeps every frame: `{self.command()}` publishes them", stacklevel=user_stacklevel())
 
     def wait(self, timeout: float) -> bool:
         """Wait for the publisher to close the trackers (it does on the journal's end record)."""

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.distributed import global_rank
-from ..core.errors import MetricsError
+from ..core.errors import MetricsError, user_stacklevel
 from ..core.frame import Frame
 from ..core.keys import KeyInfo, describe, label_key
 from ..core.redact import config_tree, flatten_config, redact_text
@@ -159,7 +159,7 @@ class Publisher:
                 f"adapter(s) {own} are registered in this process only, so the trackers are fed by a thread of "
                 "this process instead of the publisher process; fix: register them in a module and pass "
                 "imports=['that.module'] (the publisher imports it first)",
-                stacklevel=2,
+                stacklevel=user_stacklevel(),
             )
             mode = "thread"
             self.mode = mode
@@ -175,6 +175,16 @@ class Publisher:
         self._thread_result: dict[str, Any] = {}
         self._stop = threading.Event()
 
+    @property
+    def vendor_log(self) -> Path | None:
+        """The file the publisher process's trackers write their own output to (banners, INFO logs),
+        when there is one (``mode="process"`` with tracker sinks)."""
+        if not self.in_child or self.journal_path is None:
+            return None
+        from .process import log_path
+
+        return log_path(self.journal_path)
+
     # Side effects happen on global rank 0 only; the rank is read at call time.
     @staticmethod
     def publishes_here() -> bool:
@@ -188,7 +198,7 @@ class Publisher:
                 warnings.warn(
                     "Publisher.start() called again after the run started (the first frame starts it): "
                     "this config is not recorded; fix: call on_run_start(config) before the first step",
-                    stacklevel=2,
+                    stacklevel=user_stacklevel(),
                 )
             return self.run
         run = RunInfo(
@@ -255,7 +265,7 @@ class Publisher:
                 warnings.warn(
                     f"{frame.phase} step {frame.step} was published after close() and is not recorded "
                     "(counted in Publisher.after_close); fix: publish before closing the run",
-                    stacklevel=2,
+                    stacklevel=user_stacklevel(),
                 )
             return
         if self.run is None:
@@ -267,7 +277,7 @@ class Publisher:
                     f"{frame.phase} step {frame.step} has no metrics (no rank added a chunk before "
                     "reduce: an empty window); it is written to the journal only, not to other sinks "
                     "(counted in Publisher.empty_frames)",
-                    stacklevel=2,
+                    stacklevel=user_stacklevel(),
                 )
         shown: Frame | None = None
         for sink in self.inline:
@@ -305,7 +315,7 @@ class Publisher:
                 self._stop.set()
                 warnings.warn(
                     f"the in-process publisher did not finish within close_timeout={self.close_timeout:g} s; "
-                    f"{self._left()}", stacklevel=2)
+                    f"{self._left()}", stacklevel=user_stacklevel())
         if self._thread is not None and not self._thread.is_alive():
             self._merge(self._thread_result)
         if self.process is not None:
@@ -314,10 +324,10 @@ class Publisher:
                     f"the publisher process (pid {self.process.pid}) did not finish within close_timeout="
                     f"{self.close_timeout:g} s; {self._left()}. It goes on in the background and closes the "
                     f"trackers when done; if it is stopped, `{self.process.command()}` finishes it "
-                    "(it sends only what the trackers lack)", stacklevel=2)
+                    "(it sends only what the trackers lack)", stacklevel=user_stacklevel())
             elif self.process.returncode:
                 warnings.warn(f"the publisher process exited with status {self.process.returncode}; "
-                              f"{self._left()}; `{self.process.command()}` finishes it", stacklevel=2)
+                              f"{self._left()}; `{self.process.command()}` finishes it", stacklevel=user_stacklevel())
             else:
                 self._merge(self._report())
 
@@ -391,7 +401,7 @@ class Publisher:
                 warnings.warn(
                     f"{sink.name}: {key} = {value} cannot be stored faithfully by this backend; "
                     f"skipped and counted under health/nonfinite/{key} (the journal keeps the value)",
-                    stacklevel=3,
+                    stacklevel=user_stacklevel(),
                 )
             self._nonfinite[counter] = self._nonfinite.get(counter, 0) + 1
             metrics[f"health/nonfinite/{key}"] = self._nonfinite[counter]
@@ -441,6 +451,6 @@ class Publisher:
                 f"sink {sink.name!r} failed in {method}() and is degraded: {type(exc).__name__}: "
                 f"{redact_text(str(exc))}. "
                 f"Training continues; {where}.",
-                stacklevel=4,
+                stacklevel=user_stacklevel(),
             )
         return False

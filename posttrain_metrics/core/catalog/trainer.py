@@ -1,14 +1,35 @@
-"""Trainer keys: gradient norm, learning rate, step time and the optimizer outcome keys."""
+"""Trainer keys: gradient norm, learning rate, step time and the optimizer outcome keys.
+
+A window (one published step) can hold several optimizer updates (``n_mini > 1``): the categorical
+``optim/update_outcome`` keeps the last update's label, and ``optim/updates_<outcome>`` count the
+window's updates by outcome, so a window that applied one update and skipped the next reads
+``applied 1, skipped 1``, not ``SKIPPED``.
+
+Why those counts are ``AGREED`` and not ``SUM``: every data-parallel rank takes the same decision on
+the same all-reduced gradient, so every rank sees the same updates. A ``SUM`` over ranks would
+count each update once per rank (world size times too many). The trainer already counts its updates
+exactly (``optimizer_step`` is such a counter); it reports the window's count so far on the chunk
+that ends each update (or once, on the window's last chunk), the window's last report is its count,
+and ranks that disagree are desynchronised: a ``MetricsError`` on every rank, like ``optimizer_step``.
+Their run aggregate (``run/optim/updates_skipped``) is the run's total (``per_window``).
+"""
 
 from __future__ import annotations
 
 from ..adapter import Metric, MetricAdapter
 from ..reduction import Reduction as R
 
-__all__ = ["OUTCOMES", "SKIP_REASONS", "TRAINER"]
+__all__ = ["COUNTED_OUTCOMES", "OUTCOMES", "SKIP_REASONS", "TRAINER", "update_count_leaf"]
 
 OUTCOMES = ("accumulating", "applied", "skipped", "discarded")
 SKIP_REASONS = ("nonfinite_loss", "nonfinite_gradient")
+COUNTED_OUTCOMES = ("applied", "skipped", "discarded")
+"""The outcomes of an update (``accumulating`` is a chunk mid-window, not an update)."""
+
+
+def update_count_leaf(outcome: str) -> str:
+    """The leaf that counts a window's updates with ``outcome``: ``updates_skipped``."""
+    return f"updates_{outcome}"
 
 
 def _optim(leaf: str, meaning: str, **kw: object) -> Metric:
@@ -32,5 +53,11 @@ TRAINER = MetricAdapter(
         _optim("nonfinite_skips_consecutive", "Non-finite rejections in a row", count=True),
         _optim("zero_grad_skips_total", "Updates skipped because the gradient was exactly zero (expected in GRPO)", count=True),
         _optim("finite_gradient_check_enabled", "Whether force_finite_grads is on"),
+        _optim(update_count_leaf("applied"), "Updates of this window the optimizer applied (the window's count, "
+               "reported so far on each update's last chunk)", unit="updates", count=True, per_window=True),
+        _optim(update_count_leaf("skipped"), "Updates of this window that were skipped (zero or non-finite "
+               "gradient, non-finite loss)", unit="updates", count=True, per_window=True),
+        _optim(update_count_leaf("discarded"), "Updates of this window dropped by the poisoned-window countdown",
+               unit="updates", count=True, per_window=True),
     ],
 )
