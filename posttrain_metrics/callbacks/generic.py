@@ -15,6 +15,9 @@ In a config (Hydra/OmegaConf ``instantiate``, or :func:`build_callback` without 
       - {type: tensorboard}
       - {type: console}
       - {type: journal}
+    extra:                          # your own keys, one line each (see posttrain_metrics.core.extra)
+      my/tokens_per_s: mean
+      my/oom_retries: sum
 """
 
 from __future__ import annotations
@@ -25,9 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import MetricsError
+from ..core.extra import check_disjoint, normalise, user_adapters
 from ..core.frame import Frame
 from ..core.layout import RefusedChunk
-from ..core.reducer import AdapterSpec, MetricReducer
+from ..core.reducer import AdapterSpec, MetricReducer, resolve_adapters
 from ..integrations.base import Sink
 from ..integrations.factory import build_sink, check_callback, plain, safe_name
 from ..publication import Publisher
@@ -46,6 +50,8 @@ class MetricsCallback:
     console lines), ``"thread"`` (the same, on a thread of this process) or ``"inline"``; ``close``
     waits up to ``close_timeout`` seconds for it (see :class:`~posttrain_metrics.publication.Publisher`).
     ``imports`` names modules that register your own adapters, for the publisher process to import.
+    ``extra`` declares your own keys in one line each (``{"my/tokens_per_s": "mean", "my/oom_retries":
+    "sum"}``, see :mod:`posttrain_metrics.core.extra`), as does :meth:`declare`; they need no import.
     Use as a context manager, or call ``on_run_end`` in a ``finally``: it is idempotent and also runs
     at interpreter exit. Under a launcher that started several ranks
     (``WORLD_SIZE`` > 1), reduce refuses until torch.distributed is initialised, unless ``local=True``
@@ -65,23 +71,57 @@ class MetricsCallback:
         publisher: str = "process",
         close_timeout: float = 300.0,
         imports: Sequence[str] = (),
+        extra: Mapping[str, Any] | None = None,
     ) -> None:
         adapters, sinks = plain(adapters), plain(sinks)
         check_callback(adapters=adapters, sinks=sinks, out_dir=out_dir, run_name=run_name)
         self.out_dir = Path(out_dir) if out_dir is not None else None
         name = safe_name(run_name) if run_name else None
         built = [build_sink(spec, out_dir=self.out_dir) for spec in sinks]
-        self.publisher = Publisher(built, adapters=adapters, run_name=name, run_id=run_id, mode=publisher,
-                                   close_timeout=close_timeout, imports=plain(imports))
+        self._adapters = resolve_adapters(adapters)
+        self._extra = normalise(plain(extra) if extra is not None else {})
+        self._options: dict[str, Any] = dict(sinks=built, run_name=name, run_id=run_id, mode=publisher,
+                                             close_timeout=close_timeout, imports=plain(imports))
+        self._group, self._local = group, local
+        self._build()
+        self.last_frame: Frame | None = None
+        self._started = False
+        self._fixed = False  # the key set is fixed once a chunk is taken or the run starts
+
+    def _build(self) -> None:
+        users = user_adapters(self._extra)
+        check_disjoint(users, self._adapters)
+        options = dict(self._options)
+        self.publisher = Publisher(options.pop("sinks"), adapters=[*self._adapters, *users], **options)
         # One reducer per phase, over the adapters that publish it: the reward report and the
         # validation adapter both take bare source names (reward_std) but never share a phase.
         self._reducers = {
-            phase: MetricReducer([a for a in self.publisher.adapters if phase in a.phases], group=group, local=local)
+            phase: MetricReducer([a for a in self.publisher.adapters if phase in a.phases], group=self._group,
+                                 local=self._local)
             for phase in ("train", "val")
             if any(phase in a.phases for a in self.publisher.adapters)
         }
-        self.last_frame: Frame | None = None
-        self._started = False
+
+    def declare(self, key: str, reduction: str = "mean", **fields: Any) -> None:
+        """Declare one of your own keys, as a line of ``extra`` would (``declare("my/x", "sum")``,
+        ``declare("my/loss", "weighted_mean", weight="my/tokens")`` after ``my/tokens``). Before the
+        run starts only (``on_run_start`` or the first chunk): the reduction layout, identical on
+        every rank, and the journal header are fixed then. Declaring a key again the same way is a
+        no-op."""
+        spec = {"reduction": reduction, **fields}
+        merged = normalise({**self._extra, key: spec})
+        if key in self._extra:
+            if merged[key] != self._extra[key]:
+                raise MetricsError(f"declare({key!r}): already declared as {self._extra[key]}, now {merged[key]}; "
+                                   "fix: declare each key once")
+            return
+        if self._fixed:
+            raise MetricsError(
+                f"declare({key!r}) after the run started: every rank fixes its keys before the first chunk; "
+                f"fix: call declare before on_run_start and the first on_chunk_end, or put {key!r} in extra"
+            )
+        self._extra = merged
+        self._build()
 
     @property
     def sinks(self) -> list[Sink]:
@@ -98,11 +138,13 @@ class MetricsCallback:
 
     def on_run_start(self, config: Mapping[str, Any] | None = None) -> None:
         """Start the sinks (rank 0) with the run's config, flattened and redacted."""
+        self._fixed = True
         self.publisher.start(plain(config) if config is not None else None)
         self._started = True
 
     def on_chunk_end(self, metrics: Mapping[str, Any] | RefusedChunk) -> None:
         """One gradient-accumulation chunk's source-name metrics (every rank)."""
+        self._fixed = True
         self._reducer("train").add(metrics)
 
     def on_window_end(self, step: int) -> Frame:
@@ -117,6 +159,7 @@ class MetricsCallback:
         Atomic on every rank: a chunk that cannot be taken (not a dict, a bad value) fails the whole
         call with a ``MetricsError`` on every rank, after this rank has joined the collective, and
         leaves nothing pending for the next validation."""
+        self._fixed = True
         reducer = self._reducer("val")
         many = isinstance(metrics, Sequence) and not isinstance(metrics, (str, bytes))
         reducer.add_window(list(metrics) if many else [metrics])
@@ -164,7 +207,7 @@ def build_callback(config: Mapping[str, Any]) -> MetricsCallback:
                       "posttrain_metrics.callbacks.generic.MetricsCallback"):
         raise MetricsError(f"_target_ {target!r} is not posttrain_metrics.callbacks.MetricsCallback")
     allowed = {"adapters", "sinks", "out_dir", "run_name", "run_id", "local", "publisher", "close_timeout",
-               "imports"}
+               "imports", "extra"}
     unknown = sorted(set(options) - allowed)
     if unknown:
         raise MetricsError(f"unknown callback option(s) {unknown}; it takes {sorted(allowed)}")

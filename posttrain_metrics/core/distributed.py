@@ -121,7 +121,7 @@ def handshake(fingerprint: float, size: int, group: Any = None, *, step: int | N
         raise MetricsError(
             "ranks built MetricReducer with different adapters (their packed layouts differ), so "
             "their metrics cannot be reduced together; fix: construct the reducer with the same "
-            "adapters, in the same order, on every rank"
+            "adapters, in the same order, and declare the same extra keys, on every rank"
         )
 
 

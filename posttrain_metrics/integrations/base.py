@@ -20,7 +20,8 @@ Points = collections.Counter[tuple[str, int]]
 @dataclasses.dataclass(frozen=True)
 class RunInfo:
     """What a sink learns when the run starts. ``config`` is flat (``a/b``) and already redacted;
-    ``keys`` describes every public key the run's adapters can publish."""
+    ``keys`` describes every public key the run's adapters can publish; ``extra`` holds the user's
+    own key declarations (:mod:`posttrain_metrics.core.extra`), which ``adapters`` does not name."""
 
     run_id: str
     name: str
@@ -28,6 +29,7 @@ class RunInfo:
     keys: Mapping[str, KeyInfo]
     adapters: tuple[str, ...]
     started: float
+    extra: Mapping[str, Mapping[str, object]] = dataclasses.field(default_factory=dict)
 
 
 @runtime_checkable

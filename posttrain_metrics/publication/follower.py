@@ -30,7 +30,7 @@ from ..core.errors import MetricsError
 from ..core.frame import Frame
 from ..core.keys import KeyInfo
 from ..integrations.base import Points, Sink
-from ..journal import JournalTail, Record, journal_closed, last_header
+from ..journal import JournalTail, Record, header_adapters, journal_closed, last_header
 from .publisher import Publisher, display_frame, nonfinite_kind
 
 __all__ = ["STATUSES", "JournalTail", "Pending", "Points", "Record", "Replica", "follow", "status_path", "write_status"]
@@ -167,7 +167,7 @@ class Replica:
         """The run's publisher and what the target already holds (read back before anything is sent)."""
         self.header = header
         run_id = str(header.get("run_id", ""))
-        adapters = list(self.adapters) if self.adapters is not None else list(header.get("adapters", []))
+        adapters = list(self.adapters) if self.adapters is not None else list(header_adapters(header))
         pub = Publisher([self.sink], adapters=adapters, run_id=run_id,
                         run_name=str(header.get("name") or "") or None, mode="inline")
         numeric = sorted(k for k, info in pub.keys.items() if not info.metric.labels) + sorted(
