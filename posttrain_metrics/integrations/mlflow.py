@@ -469,6 +469,14 @@ class MlflowSink:
             self._client.log_batch(self.run_id, tags=[run_tag(k, v) for k, v in self._labels.items()])
         self._client.set_terminated(self.run_id, status=status)
 
+    def attach(self, files: Iterable[Path]) -> None:
+        """Attach the run's own record (journal, config, doctor's report, dashboard) as artifacts under
+        ``posttrain_metrics/``; the publisher calls it just before ``close``."""
+        if self._client is None or self._closed or self._degraded:
+            return
+        for path in files:
+            self._client.log_artifact(self.run_id, str(path), artifact_path="posttrain_metrics")
+
     # ------------------------------------------------------------------ the queue
     def _queue(self, batch: _Batch) -> None:
         self._held.append(batch)  # never dropped: see ready() for how a publisher holds back

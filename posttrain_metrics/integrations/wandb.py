@@ -335,6 +335,22 @@ class WandbSink:
         finally:
             run.finish(exit_code=KILLED_EXIT_CODE if killed else 1 if failed else 0)
 
+    def attach(self, files: Sequence[Path]) -> None:
+        """Attach the run's own record (journal, config, doctor's report, dashboard) as run files under
+        ``posttrain_metrics/`` (copied into the run's files folder, uploaded at the end of the run or
+        by ``wandb sync``); the publisher calls it just before ``close``."""
+        import shutil
+
+        run = self._run
+        if run is None:
+            return
+        folder = Path(run.dir) / "posttrain_metrics"
+        folder.mkdir(parents=True, exist_ok=True)
+        for path in files:
+            target = folder / Path(path).name
+            shutil.copyfile(path, target)
+            run.save(str(target), base_path=run.dir, policy="end")
+
     # -- the publisher process ---------------------------------------------------------------------
 
     def to_config(self) -> dict[str, Any]:

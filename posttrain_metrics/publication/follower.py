@@ -238,6 +238,25 @@ def _step(replica: Replica) -> int:
         return 0
 
 
+def _attach_record(journal: Path, replicas: Sequence[Replica]) -> None:
+    """The run's record, written once, handed to each started sink that takes files (``attach``)."""
+    takers = [r for r in replicas if r.publisher is not None and r.publisher.run is not None and not r.closed
+              and callable(getattr(r.sink, "attach", None)) and r.sink.name not in r.publisher.unstarted]
+    if not takers:
+        return
+    from .artifacts import write_record
+
+    try:
+        files = write_record(journal)
+    except Exception as exc:  # never in the way of closing the trackers
+        warnings.warn(f"{journal}: the run's record could not be written ({type(exc).__name__}: {exc}); the "
+                      "trackers close without it", stacklevel=2)
+        return
+    for r in takers:
+        assert r.publisher is not None
+        r.publisher.call(r.sink, "attach", files)
+
+
 def _parent_gone(parent_pid: int | None) -> bool:
     return parent_pid is not None and os.getppid() != parent_pid
 
@@ -254,8 +273,12 @@ def follow(
     report: bool = True,
     grace: float = 10.0,
     adapters: Sequence[Any] | None = None,
+    record: bool = True,
 ) -> dict[str, Any]:
     """Feed ``sinks`` from the journal at ``path`` until the run ends; returns the final status.
+
+    Before closing them, ``record`` attaches the run's record (the journal, its config, the doctor's
+    report, the dashboard) to every sink that takes files (see :mod:`.artifacts`).
 
     With ``follow`` the journal is tailed until its end record (then every sink is closed with the
     run's status); if the trainer (``parent_pid``) is gone first, every complete line is drained and
@@ -309,6 +332,8 @@ def follow(
                 status = closed or next((e for e in ends if e), None) or "killed"
                 break
         time.sleep(poll)
+    if record:
+        _attach_record(journal, replicas)
     for r in replicas:
         r.close(r.end or status)
     state = "closed"
