@@ -22,19 +22,24 @@ In a config (Hydra/OmegaConf ``instantiate``, or :func:`build_callback` without 
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..core import distributed
 from ..core.errors import MetricsError
 from ..core.extra import check_disjoint, normalise, user_adapters
 from ..core.frame import Frame
 from ..core.layout import RefusedChunk
 from ..core.reducer import AdapterSpec, MetricReducer, resolve_adapters
+from ..core.samples import MAX_CHARS, Samples, check_rows, pick, select
 from ..integrations.base import Sink
 from ..integrations.factory import build_sink, check_callback, plain, safe_name
 from ..publication import Publisher
+from ..samples import SamplesFile, samples_path
 
 __all__ = ["MetricsCallback", "build_callback"]
 
@@ -72,6 +77,8 @@ class MetricsCallback:
         close_timeout: float = 300.0,
         imports: Sequence[str] = (),
         extra: Mapping[str, Any] | None = None,
+        samples_per_step: int = 16,
+        sample_max_chars: int = MAX_CHARS,
     ) -> None:
         adapters, sinks = plain(adapters), plain(sinks)
         check_callback(adapters=adapters, sinks=sinks, out_dir=out_dir, run_name=run_name)
@@ -83,6 +90,11 @@ class MetricsCallback:
         self._options: dict[str, Any] = dict(sinks=built, run_name=name, run_id=run_id, mode=publisher,
                                              close_timeout=close_timeout, imports=plain(imports))
         self._group, self._local = group, local
+        for option, value, low in (("samples_per_step", samples_per_step, 0), ("sample_max_chars", sample_max_chars, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise MetricsError(f"MetricsCallback: {option}={value!r:.40}; fix: a whole number >= {low}")
+        self.samples_per_step, self.sample_max_chars = samples_per_step, sample_max_chars
+        self._samples_file: SamplesFile | None = None
         self._build()
         self.last_frame: Frame | None = None
         self._started = False
@@ -165,8 +177,46 @@ class MetricsCallback:
         reducer.add_window(list(metrics) if many else [metrics])
         return self._publish(reducer.reduce(step, phase="val"))
 
+    def on_samples(self, step: int, rows: Sequence[Mapping[str, Any]]) -> Samples | None:
+        """A step's per-sample rows (``prompt``, ``completion``, ``reward``, ``advantage``, ``group``
+        and any column of yours), on every rank when torch.distributed is initialised (collective:
+        each rank passes its own rows, an empty list if it has none). Rank 0 keeps at most
+        ``samples_per_step`` of them, whole groups, chosen deterministically
+        (:func:`~posttrain_metrics.core.samples.select`; text cut at ``sample_max_chars``), appends them
+        to the samples file beside the journal and publishes them (a W&B Table, an MLflow table, a
+        TensorBoard text). Returns them on rank 0, ``None`` elsewhere."""
+        step = int(step)
+        mine = check_rows(rows)
+        where = None if self._local else distributed.group_rank_and_size(self._group)
+        offered = len(mine)
+        if where is not None and where[1] > 1:
+            # Each rank sends only what could be kept, so the gather is bounded by ranks x limit rows.
+            kept = [mine[i] for i in pick(step, mine, limit=self.samples_per_step)]
+            gathered = distributed.gather_to_first((len(mine), kept), self._group)
+            if gathered is None:
+                return None
+            offered = sum(n for n, _ in gathered)
+            mine = [row for _, part in gathered for row in part]
+        if not self.publisher.publishes_here():
+            return None
+        if not self._started:
+            self.on_run_start()
+        samples = select(step, mine, limit=self.samples_per_step, max_chars=self.sample_max_chars, offered=offered)
+        samples = dataclasses.replace(samples, wall_time=time.time())
+        path = self.publisher.journal_path
+        if path is not None:
+            if self._samples_file is None:
+                self._samples_file = SamplesFile(samples_path(path))
+            self._samples_file.write(samples)
+        for sink in self.publisher.inline:
+            if callable(getattr(sink, "write_samples", None)) and sink.name not in self.publisher.unstarted:
+                self.publisher.call(sink, "write_samples", samples)
+        return samples
+
     def on_run_end(self, failed: bool = False) -> None:
         """Close every sink with the run's status (FAILED when ``failed``). Idempotent."""
+        if self._samples_file is not None:
+            self._samples_file.close()
         self.publisher.close(failed=failed)
 
     def _reducer(self, phase: str) -> MetricReducer:
@@ -207,7 +257,7 @@ def build_callback(config: Mapping[str, Any]) -> MetricsCallback:
                       "posttrain_metrics.callbacks.generic.MetricsCallback"):
         raise MetricsError(f"_target_ {target!r} is not posttrain_metrics.callbacks.MetricsCallback")
     allowed = {"adapters", "sinks", "out_dir", "run_name", "run_id", "local", "publisher", "close_timeout",
-               "imports", "extra"}
+               "imports", "extra", "samples_per_step", "sample_max_chars"}
     unknown = sorted(set(options) - allowed)
     if unknown:
         raise MetricsError(f"unknown callback option(s) {unknown}; it takes {sorted(allowed)}")

@@ -477,6 +477,14 @@ class MlflowSink:
         for path in files:
             self._client.log_artifact(self.run_id, str(path), artifact_path="posttrain_metrics")
 
+    def write_samples(self, samples: Any) -> None:
+        """A step's sample completions as an MLflow table (``log_table``), one artifact per step:
+        ``posttrain_metrics/samples/step_<step>.json`` (a replayed step overwrites its own file)."""
+        if self._client is None or self._closed or self._degraded or not samples.rows:
+            return
+        data = {column: [row.get(column) for row in samples.rows] for column in samples.columns}
+        self._client.log_table(self.run_id, data=data, artifact_file=f"posttrain_metrics/samples/step_{samples.step:08d}.json")
+
     # ------------------------------------------------------------------ the queue
     def _queue(self, batch: _Batch) -> None:
         self._held.append(batch)  # never dropped: see ready() for how a publisher holds back

@@ -469,6 +469,14 @@ class TensorBoardSink:
         self._writer.add_event(self._event(0, run.started, values))
         self._writer.flush()
 
+    def write_samples(self, samples: Any) -> None:
+        """A step's sample completions as a Markdown table, TensorBoard text ``samples/completions``."""
+        if self._writer is None or not samples.rows:
+            return
+        value = self._text_value("samples/completions", samples.markdown(), "Sample completions of the step")
+        self._writer.add_event(self._event(samples.step, samples.wall_time or time.time(), [value]))
+        self._writer.flush()
+
     def _resolve(self, name: str, run_id: str) -> Path:
         # Placeholders take folder-safe values: a run name or id cannot lead the path elsewhere.
         return Path(str(self.log_dir).replace("{name}", safe_name(name)).replace("{run_id}", safe_name(run_id)))

@@ -351,6 +351,17 @@ class WandbSink:
             shutil.copyfile(path, target)
             run.save(str(target), base_path=run.dir, policy="end")
 
+    def write_samples(self, samples: Any) -> None:
+        """A step's sample completions as a W&B Table under ``samples/completions``, on the step axis."""
+        import wandb
+
+        run = self._run
+        if run is None or not samples.rows:
+            return
+        self._bind("samples")
+        run.log({"samples/completions": wandb.Table(columns=list(samples.columns), data=samples.table()),
+                 STEP_KEY: samples.step})
+
     # -- the publisher process ---------------------------------------------------------------------
 
     def to_config(self) -> dict[str, Any]:

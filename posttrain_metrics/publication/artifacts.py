@@ -7,7 +7,8 @@ publisher process or thread), it writes beside the journal, in ``<journal>.recor
 - ``doctor.txt`` and ``doctor.json``: ``posttrain-metrics doctor``'s report;
 - ``dashboard.png``: ``posttrain-metrics plot``'s one-page dashboard, when matplotlib is installed.
 
-and hands them, after the journal itself (the metrics exactly as reduced), to every sink that takes files (``attach(files)``: MLflow as run artifacts under
+and hands them, after the journal itself (the metrics exactly as reduced) and its samples file (when
+the run published completions), to every sink that takes files (``attach(files)``: MLflow as run artifacts under
 ``posttrain_metrics/``, W&B as run files under ``posttrain_metrics/``) before closing it. Building
 the record never stops the close: a part that fails is left out with a warning.
 """
@@ -44,6 +45,10 @@ def write_record(journal: Path) -> list[Path]:
     folder = record_dir(journal)
     folder.mkdir(parents=True, exist_ok=True)
     files: list[Path] = [journal]
+    from ..samples import samples_path
+
+    if samples_path(journal).is_file():
+        files.append(samples_path(journal))  # the sample completions, when the run published some
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a torn last line was warned about where it was read first
         run = read_journal(journal)

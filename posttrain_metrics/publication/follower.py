@@ -31,6 +31,7 @@ from ..core.frame import Frame
 from ..core.keys import KeyInfo
 from ..integrations.base import Points, Sink
 from ..journal import JournalTail, Record, header_adapters, journal_closed, last_header
+from ..samples import SamplesTail, samples_path
 from .publisher import Publisher, display_frame, nonfinite_kind
 
 __all__ = ["STATUSES", "JournalTail", "Pending", "Points", "Record", "Replica", "follow", "status_path", "write_status"]
@@ -113,6 +114,8 @@ class Replica:
         self.sink = sink
         self.batch = batch
         self.tail = JournalTail(path)
+        self.samples = SamplesTail(samples_path(path))  # the completions beside the journal, if any
+        self.samples_written = 0
         self.publisher: Publisher | None = None
         self.pending: Pending | None = None
         self.header: dict[str, Any] | None = None
@@ -134,8 +137,22 @@ class Replica:
             return 0
         records = self.tail.read(self.batch)
         self.feed(records)
+        self.feed_samples()
         self._flush()
         return len(records)
+
+    def feed_samples(self) -> None:
+        """Publish the sample completions appended beside the journal since the last call, to a sink
+        that takes them (``write_samples``) once it has started. A restarted publisher sends them again
+        (MLflow overwrites its per-step file; W&B and TensorBoard then show a step's table twice)."""
+        pub = self.publisher
+        if pub is None or pub.run is None or self.sink.name in pub.unstarted:
+            return
+        if not callable(getattr(self.sink, "write_samples", None)):
+            return
+        for samples in self.samples.read():
+            if pub.call(self.sink, "write_samples", samples):
+                self.samples_written += 1
 
     def feed(self, records: Iterable[Record]) -> None:
         """Publish ``records`` in order (what :meth:`step` read, or a journal already in memory)."""
@@ -200,6 +217,7 @@ class Replica:
             return
         self.closed = True
         if self.publisher is not None:
+            self.feed_samples()
             self.publisher.close(status=status)
 
     def handles(self) -> dict[str, Any]:
