@@ -89,6 +89,9 @@ def check_rows(rows: object, where: str = "on_samples") -> list[dict[str, Any]]:
             if not isinstance(key, str):
                 raise MetricsError(f"{where}: row {i} has the column {key!r:.40} ({type(key).__name__}); fix: "
                                    "name columns with strings")
+            if type(value) is str:  # the common case first: this runs on the training thread
+                clean[key] = value
+                continue
             if hasattr(value, "item") and callable(value.item):  # a 0-d tensor or a numpy scalar
                 value = value.item()
             if not isinstance(value, _PLAIN):
@@ -108,10 +111,11 @@ def _rank(step: int, group: str) -> str:
 
 def pick(step: int, rows: Sequence[Mapping[str, Any]], *, limit: int) -> list[int]:
     """The indices of the rows :func:`select` keeps, in order (no truncation)."""
-    groups: dict[str, list[int]] = {}
+    by_id: dict[tuple[str, Any], list[int]] = {}
     for i, row in enumerate(rows):
-        ident: list[Any] = ["group", row[GROUP]] if row.get(GROUP) is not None else ["row", i]
-        groups.setdefault(json.dumps(ident, default=str), []).append(i)
+        group = row.get(GROUP)
+        by_id.setdefault(("group", group) if group is not None else ("row", i), []).append(i)
+    groups = {json.dumps(list(ident), default=str): members for ident, members in by_id.items()}
     kept: list[int] = []
     for key in sorted(groups, key=lambda k: _rank(step, k)):
         members = groups[key]
