@@ -656,7 +656,7 @@ def completion_rows(batch: Batch, config: ToyConfig, rank: int) -> list[dict[str
         rows.append({
             "group": f"{rank}.{i // config.group_size}",
             "prompt": f"digits summing to {int(rollout.targets[i])}",
-            "completion": " ".join(map(str, digits)) + (" [eos]" if stopped else ""),
+            "completion": " ".join([*map(str, digits), *(["[eos]"] if stopped else [])]),
             "reward": float(rollout.rewards[i]),
             "advantage": round(float(batch.advantages[i]), 4),
         })
