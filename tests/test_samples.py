@@ -19,7 +19,7 @@ import pytest
 from posttrain_metrics import MetricsError
 from posttrain_metrics.callbacks import MetricsCallback
 from posttrain_metrics.cli import main
-from posttrain_metrics.core.samples import check_rows, select
+from posttrain_metrics.core.samples import Histogram, check_rows, select
 from posttrain_metrics.integrations import MemorySink
 from posttrain_metrics.samples import read_samples
 
@@ -47,6 +47,14 @@ def test_the_sample_is_bounded_keeps_whole_groups_and_does_not_depend_on_row_ord
     assert len(chosen) > 5  # the step moves the sample around the groups
     assert select(1, rows, limit=3).rows == []  # no whole group fits: nothing, never a partial group
     assert len(select(1, [{"completion": "x"}] * 5, limit=3).rows) == 3  # rows without a group: one each
+
+
+def test_a_histogram_counts_every_value_once_in_equal_bins() -> None:
+    h = Histogram.of([0.0, 0.1, 0.25, 0.5, 1.0, 1.0], bins=4)  # bins [0, .25) [.25, .5) [.5, .75) [.75, 1]
+    assert h.edges == [0.0, 0.25, 0.5, 0.75, 1.0] and h.counts == [2, 1, 1, 2] and h.num == 6
+    assert h.sum == 2.85 and h.sum_squares == 0.01 + 0.0625 + 0.25 + 2.0
+    same = Histogram.of([2.0, 2.0, 2.0])
+    assert (same.edges, same.counts) == ([2.0, 2.0], [3])
 
 
 def test_long_text_is_cut_and_the_row_says_so() -> None:
@@ -146,7 +154,7 @@ def test_samples_reach_every_tracker_through_the_publisher_process(tmp_path: Pat
         table = json.loads(Path(client.download_artifacts(run_id, path, str(tmp_path / f"dl{step}"))).read_text())
         assert table["columns"] == COLUMNS and table["data"] == want[step]
 
-    events = EventAccumulator(str(out / "tensorboard"), size_guidance={"tensors": 0})
+    events = EventAccumulator(str(out / "tensorboard"), size_guidance={"tensors": 0, "histograms": 0})
     events.Reload()
     texts = {e.step: e.tensor_proto.string_val[0].decode() for e in events.Tensors("samples/completions")}
     assert sorted(texts) == [1, 2]
@@ -154,6 +162,16 @@ def test_samples_reach_every_tracker_through_the_publisher_process(tmp_path: Pat
         assert texts[step].startswith(f"step {step}: 4 of 6 rows")
         for row in rows:
             assert f"| {row[0]} | {row[1]} | {row[2]} | {row[3]} | {row[4]} |  |" in texts[step]
+
+    # histograms over every row offered: rewards 0,1,0,1,0,1 and advantages -0.5,0.5,... per step
+    for tag, total, squares in (("samples/reward", 3.0, 3.0), ("samples/advantage", 0.0, 1.5)):
+        histos = {e.step: e.histogram_value for e in events.Histograms(tag)}
+        assert sorted(histos) == [1, 2]
+        h = histos[1]
+        assert (h.num, h.sum, h.sum_squares) == (6, total, squares)
+        assert (h.min, h.max) == ((0.0, 1.0) if tag.endswith("reward") else (-0.5, 0.5))
+        assert list(h.bucket) == [3] + [0] * 18 + [3]  # 20 equal bins: the low ones in the first, the high in the last
+        assert h.bucket_limit[-1] == h.max
 
     run_dir = Path(status["sinks"]["wandb"]["handles"]["dir"]).parent
     offline = read_offline_run(run_dir / "run-samplesrun01.wandb")
@@ -165,6 +183,10 @@ def test_samples_reach_every_tracker_through_the_publisher_process(tmp_path: Pat
         assert ref["_type"] == "table-file" and ref["nrows"] == 4 and ref["ncols"] == 6
         table = json.loads((run_dir / "files" / ref["path"]).read_text())
         assert table["columns"] == COLUMNS and table["data"] == want[step]
+    histos = {row["trainer/step"]: row for row in offline.history if "samples/reward/_type" in row}
+    assert sorted(histos) == [1, 2]
+    assert histos[1]["samples/reward/_type"] == "histogram"
+    assert histos[1]["samples/reward/values"] == [3] + [0] * 18 + [3]
 
 
 def test_export_replays_the_samples_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

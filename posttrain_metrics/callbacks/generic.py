@@ -35,7 +35,7 @@ from ..core.extra import check_disjoint, normalise, user_adapters
 from ..core.frame import Frame
 from ..core.layout import RefusedChunk
 from ..core.reducer import AdapterSpec, MetricReducer, resolve_adapters
-from ..core.samples import MAX_CHARS, Samples, check_rows, pick, select
+from ..core.samples import MAX_CHARS, Histogram, Samples, check_rows, numeric_columns, pick, select
 from ..integrations.base import Sink
 from ..integrations.factory import build_sink, check_callback, plain, safe_name
 from ..publication import Publisher
@@ -184,25 +184,34 @@ class MetricsCallback:
         ``samples_per_step`` of them, whole groups, chosen deterministically
         (:func:`~posttrain_metrics.core.samples.select`; text cut at ``sample_max_chars``), appends them
         to the samples file beside the journal and publishes them (a W&B Table, an MLflow table, a
-        TensorBoard text). Returns them on rank 0, ``None`` elsewhere."""
+        TensorBoard text), with histograms of the ``reward``, ``advantage`` and ``response_len``
+        columns over every row offered (TensorBoard and W&B). Returns them on rank 0, ``None``
+        elsewhere."""
         step = int(step)
         mine = check_rows(rows)
         where = None if self._local else distributed.group_rank_and_size(self._group)
         offered = len(mine)
+        numbers = numeric_columns(mine)  # the histograms cover every row offered, not only the sample
         if where is not None and where[1] > 1:
-            # Each rank sends only what could be kept, so the gather is bounded by ranks x limit rows.
+            # Each rank sends only what could be kept (and the histogram columns' numbers), so the
+            # gather is bounded by ranks x (limit rows + 3 numbers per row offered).
             kept = [mine[i] for i in pick(step, mine, limit=self.samples_per_step)]
-            gathered = distributed.gather_to_first((len(mine), kept), self._group)
+            gathered = distributed.gather_to_first((len(mine), kept, numbers), self._group)
             if gathered is None:
                 return None
-            offered = sum(n for n, _ in gathered)
-            mine = [row for _, part in gathered for row in part]
+            offered = sum(n for n, _, _ in gathered)
+            mine = [row for _, part, _ in gathered for row in part]
+            numbers = {}
+            for _, _, part_numbers in gathered:
+                for column, values in part_numbers.items():
+                    numbers.setdefault(column, []).extend(values)
         if not self.publisher.publishes_here():
             return None
         if not self._started:
             self.on_run_start()
         samples = select(step, mine, limit=self.samples_per_step, max_chars=self.sample_max_chars, offered=offered)
-        samples = dataclasses.replace(samples, wall_time=time.time())
+        histograms = {column: Histogram.of(values) for column, values in numbers.items()}
+        samples = dataclasses.replace(samples, wall_time=time.time(), histograms=histograms)
         path = self.publisher.journal_path
         if path is not None:
             if self._samples_file is None:

@@ -25,7 +25,7 @@ from typing import Any
 
 from .errors import MetricsError
 
-__all__ = ["GROUP", "MAX_CHARS", "Samples", "check_rows", "pick", "select"]
+__all__ = ["BINS", "GROUP", "HISTOGRAMS", "MAX_CHARS", "Histogram", "Samples", "check_rows", "numeric_columns", "pick", "select"]
 
 GROUP = "group"
 """The column whose value groups rows that are kept or dropped together."""
@@ -34,6 +34,51 @@ MAX_CHARS = 2000
 """Default longest text cell, in characters; longer ones are cut and marked."""
 
 _PLAIN = (str, int, float, bool, type(None))
+
+
+HISTOGRAMS = ("reward", "advantage", "response_len")
+"""The numeric columns whose per-step distribution is published as a histogram, when rows carry them."""
+
+BINS = 20
+
+
+@dataclasses.dataclass(frozen=True)
+class Histogram:
+    """Counts of ``values`` in ``bins`` equal-width bins from their min to their max (the last bin
+    includes the max; all values equal: one bin), with the moments TensorBoard's histograms keep."""
+
+    edges: list[float]
+    counts: list[int]
+    sum: float
+    sum_squares: float
+
+    @property
+    def num(self) -> int:
+        return sum(self.counts)
+
+    @classmethod
+    def of(cls, values: Sequence[float], bins: int = BINS) -> Histogram:
+        low, high = min(values), max(values)
+        if low == high:
+            edges, counts = [low, high], [len(values)]
+        else:
+            width = (high - low) / bins
+            edges = [low + i * width for i in range(bins)] + [high]
+            counts = [0] * bins
+            for v in values:
+                counts[min(int((v - low) / width), bins - 1)] += 1
+        return cls(edges, counts, math.fsum(values), math.fsum(v * v for v in values))
+
+
+def numeric_columns(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[float]]:
+    """The finite numbers of each :data:`HISTOGRAMS` column over ``rows`` (bools and text left out)."""
+    out: dict[str, list[float]] = {}
+    for column in HISTOGRAMS:
+        values = [float(r[column]) for r in rows
+                  if type(r.get(column)) in (int, float) and math.isfinite(r[column])]
+        if values:
+            out[column] = values
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +90,9 @@ class Samples:
     columns: list[str]
     offered: int  # rows offered on every rank before the sample was taken
     wall_time: float = 0.0
+    histograms: dict[str, Histogram] = dataclasses.field(default_factory=dict)
+    """Per numeric column of :data:`HISTOGRAMS`, the distribution over every row offered (not only
+    the sample)."""
 
     def table(self) -> list[list[Any]]:
         """The rows as lists in column order (a W&B Table's ``data``)."""
@@ -62,8 +110,11 @@ class Samples:
         return "\n".join(head + ["| " + " | ".join(cell(row.get(c)) for c in self.columns) + " |" for row in self.rows])
 
     def to_record(self) -> dict[str, Any]:
-        return {"kind": "samples", "step": self.step, "time": self.wall_time, "offered": self.offered,
-                "columns": self.columns, "rows": self.table()}
+        record = {"kind": "samples", "step": self.step, "time": self.wall_time, "offered": self.offered,
+                  "columns": self.columns, "rows": self.table()}
+        if self.histograms:
+            record["histograms"] = {k: dataclasses.asdict(h) for k, h in self.histograms.items()}
+        return record
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> Samples:
@@ -72,7 +123,9 @@ class Samples:
         step = record["step"]
         if isinstance(step, bool) or not isinstance(step, int):
             raise ValueError(f"step {step!r:.40} is not an integer")
-        return cls(step, rows, columns, int(record.get("offered", len(rows))), float(record.get("time", 0.0)))
+        histograms = {str(k): Histogram(**h) for k, h in dict(record.get("histograms", {})).items()}
+        return cls(step, rows, columns, int(record.get("offered", len(rows))), float(record.get("time", 0.0)),
+                   histograms)
 
 
 def check_rows(rows: object, where: str = "on_samples") -> list[dict[str, Any]]:

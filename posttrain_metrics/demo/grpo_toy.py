@@ -647,7 +647,8 @@ def build_policy(config: ToyConfig) -> DigitPolicy:
 
 def completion_rows(batch: Batch, config: ToyConfig, rank: int) -> list[dict[str, Any]]:
     """One row per completion of this rank's batch, for ``on_samples``: the prompt (its target sum),
-    the digits written (``[eos]`` when it stopped), the reward, the advantage and the group."""
+    the digits written (``[eos]`` when it stopped), the reward, the advantage, the response length in
+    tokens and the group."""
     rollout = batch.rollout
     rows = []
     for i in range(rollout.targets.shape[0]):
@@ -659,6 +660,7 @@ def completion_rows(batch: Batch, config: ToyConfig, rank: int) -> list[dict[str
             "completion": " ".join([*map(str, digits), *(["[eos]"] if stopped else [])]),
             "reward": float(rollout.rewards[i]),
             "advantage": round(float(batch.advantages[i]), 4),
+            "response_len": int(rollout.mask[i].sum()),
         })
     return rows
 

@@ -352,15 +352,20 @@ class WandbSink:
             run.save(str(target), base_path=run.dir, policy="end")
 
     def write_samples(self, samples: Any) -> None:
-        """A step's sample completions as a W&B Table under ``samples/completions``, on the step axis."""
+        """A step's sample completions as a W&B Table under ``samples/completions`` and its histograms
+        (``samples/reward`` ...) as W&B histograms, on the step axis."""
         import wandb
 
         run = self._run
-        if run is None or not samples.rows:
+        if run is None or not (samples.rows or samples.histograms):
             return
         self._bind("samples")
-        run.log({"samples/completions": wandb.Table(columns=list(samples.columns), data=samples.table()),
-                 STEP_KEY: samples.step})
+        row: dict[str, Any] = {STEP_KEY: samples.step}
+        if samples.rows:
+            row["samples/completions"] = wandb.Table(columns=list(samples.columns), data=samples.table())
+        for column, h in samples.histograms.items():
+            row[f"samples/{column}"] = wandb.Histogram(np_histogram=(h.counts, h.edges))
+        run.log(row)
 
     # -- the publisher process ---------------------------------------------------------------------
 
