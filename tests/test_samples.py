@@ -195,12 +195,19 @@ def test_export_replays_the_samples_file(tmp_path: Path, capsys: pytest.CaptureF
     out = tmp_path / "run"
     drive(out, [], "samplesrun02")  # the journal and its samples file only
     want = kept_rows(out)
+    path = out / "journal.samples.jsonl"
+    foreign = json.loads(path.read_text().splitlines()[0])
+    assert foreign["run_id"] == "samplesrun02"
+    foreign.update(run_id="anotherrun", step=3, rows=[[0, "p", "FOREIGN", 1.0, 0.0, ""]])
+    with open(path, "a") as f:  # a line another run left at this path: not this run's
+        f.write(json.dumps(foreign) + "\n")
     assert main(["export", str(out / "journal.jsonl"), "--to", "tensorboard", str(tmp_path / "tb"), "--quiet"]) == 0
     assert "2 steps of sample completions" in capsys.readouterr().out
     events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"tensors": 0})
     events.Reload()
     texts = {e.step: e.tensor_proto.string_val[0].decode() for e in events.Tensors("samples/completions")}
     assert sorted(texts) == [1, 2] and all(f"| {row[2]} |" in texts[2] for row in want[2])
+    assert not any("FOREIGN" in text for text in texts.values())
 
 
 # -- two real ranks ---------------------------------------------------------------------------------------

@@ -211,7 +211,8 @@ class MetricsCallback:
             self.on_run_start()
         samples = select(step, mine, limit=self.samples_per_step, max_chars=self.sample_max_chars, offered=offered)
         histograms = {column: Histogram.of(values) for column, values in numbers.items()}
-        samples = dataclasses.replace(samples, wall_time=time.time(), histograms=histograms)
+        samples = dataclasses.replace(samples, wall_time=time.time(), histograms=histograms,
+                                      run_id=self.publisher.run_id)
         path = self.publisher.journal_path
         if path is not None:
             if self._samples_file is None:

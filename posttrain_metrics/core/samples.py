@@ -93,6 +93,8 @@ class Samples:
     histograms: dict[str, Histogram] = dataclasses.field(default_factory=dict)
     """Per numeric column of :data:`HISTOGRAMS`, the distribution over every row offered (not only
     the sample)."""
+    run_id: str = ""
+    """The run the rows belong to (a samples file left by another run at the same path is told apart)."""
 
     def table(self) -> list[list[Any]]:
         """The rows as lists in column order (a W&B Table's ``data``)."""
@@ -112,6 +114,8 @@ class Samples:
     def to_record(self) -> dict[str, Any]:
         record = {"kind": "samples", "step": self.step, "time": self.wall_time, "offered": self.offered,
                   "columns": self.columns, "rows": self.table()}
+        if self.run_id:
+            record["run_id"] = self.run_id
         if self.histograms:
             record["histograms"] = {k: dataclasses.asdict(h) for k, h in self.histograms.items()}
         return record
@@ -125,7 +129,7 @@ class Samples:
             raise ValueError(f"step {step!r:.40} is not an integer")
         histograms = {str(k): Histogram(**h) for k, h in dict(record.get("histograms", {})).items()}
         return cls(step, rows, columns, int(record.get("offered", len(rows))), float(record.get("time", 0.0)),
-                   histograms)
+                   histograms, str(record.get("run_id", "")))
 
 
 def check_rows(rows: object, where: str = "on_samples") -> list[dict[str, Any]]:

@@ -151,6 +151,8 @@ class Replica:
         if not callable(getattr(self.sink, "write_samples", None)):
             return
         for samples in self.samples.read():
+            if samples.run_id and samples.run_id != pub.run_id:
+                continue  # left by another run at this path (its journal was set aside, see JournalSink)
             if pub.call(self.sink, "write_samples", samples):
                 self.samples_written += 1
 
