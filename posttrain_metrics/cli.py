@@ -20,7 +20,7 @@ from .core.errors import MetricsError
 from .core.printable import printable
 from .core.redact import redact_text
 from .core.reduction import Reduction
-from .journal import Journal, read_journal
+from .journal import Journal, header_adapters, read_journal
 
 __all__ = ["main"]
 
@@ -89,8 +89,7 @@ def load_journal(path: str) -> Journal:
         journal = read_journal(path)
     for note in journal.warnings:
         print(f"posttrain-metrics: warning: {note}", file=sys.stderr)
-    for name in journal.adapters:
-        get_adapter(name)  # MetricsError names the adapter and the fix
+    header_adapters(journal.header)  # MetricsError names an unknown adapter (or a bad user key) and the fix
     return journal
 
 

@@ -879,6 +879,8 @@ def _run_summary(journal: JournalLike) -> dict[str, Any]:
         "name": str(journal.header.get("name", "")),
         "path": os.fspath(journal.path),
         "adapters": list(journal.adapters),
+        "extra": {str(k): str(v.get("reduction", "?")) if isinstance(v, dict) else "?"
+                  for k, v in dict(journal.header.get("extra") or {}).items()},
         "status": str(end.get("status", "?")) if end is not None else "no end record",
         "phases": {
             phase: {"frames": len(steps), "first_step": min(steps), "last_step": max(steps)}
@@ -913,6 +915,8 @@ def format_findings(findings: Sequence[Finding], *, as_json: bool, journal: Jour
         f"run {run['name'] or '(unnamed)'} (id {run['id']}): {phases}",
         f"adapters {', '.join(run['adapters']) or '(none)'}; status {run['status']}; {run['path']}",
     ]
+    if run["extra"]:
+        lines.append("user keys " + ", ".join(f"{k} ({r})" for k, r in run["extra"].items()))
     if not findings:
         lines.append(f"healthy: none of the {len(CHECKS)} checks fired")
         return "\n".join(printable(line) for line in lines)

@@ -165,8 +165,9 @@ def export(journal: Journal, to: str, target: str | None = None, *, quiet: bool 
             f"export to {where} is incomplete (failures {failures}, {lost}); run it "
             "again: it sends only what is missing"
         )
+    tables = f", {replica.samples_written} steps of sample completions" if replica.samples_written else ""
     print(f"exported {replica.written} of {total} frames of run {journal.run_id} to {where} "
-          f"({replica.skipped} were already there; run {status})")
+          f"({replica.skipped} were already there; run {status}{tables})")
     return 0
 
 

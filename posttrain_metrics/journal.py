@@ -5,7 +5,9 @@ Format ``posttrain-metrics-journal`` version 1, one JSON object per line:
 - header: ``{"format": "posttrain-metrics-journal", "version": 1, "kind": "header", "run_id",
   "name", "created", "adapters": [...], "config": {nested, redacted}, "trackers": {"wandb":
   {"project", "entity"}}}``; older journals hold the config flat (``a/b`` keys) and no trackers,
-  and read the same (``Journal.config`` is flat either way)
+  and read the same (``Journal.config`` is flat either way); plus ``"extra": {key: {"reduction":
+  ..., ...}}`` when the run declares its own keys (:mod:`~posttrain_metrics.core.extra`: readers rebuild
+  those adapters from it, see :func:`header_adapters`)
 - frame: ``{"kind": "frame", "run_id", "step", "phase", "time", "metrics": {key: value}}`` where a
   value is a number, a bool, a label string, or ``{"$float": "NaN" | "Infinity" | "-Infinity"}`` for
   a non-finite float (strict JSON, exact round trip)
@@ -30,7 +32,9 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
+from .core.adapter import MetricAdapter
 from .core.errors import MetricsError
+from .core.extra import user_adapters
 from .core.frame import Frame
 from .core.keys import KeyInfo, describe
 from .core.redact import flatten_config
@@ -39,8 +43,8 @@ from .core.values import MAX_EXACT_INT, Scalar
 from .integrations.base import RunInfo
 
 __all__ = [
-    "FORMAT", "SAFE_RUN_ID", "VERSION", "Journal", "JournalSink", "JournalTail", "Record", "journal_closed",
-    "last_header", "read_journal",
+    "FORMAT", "SAFE_RUN_ID", "VERSION", "Journal", "JournalSink", "JournalTail", "Record", "header_adapters",
+    "journal_closed", "last_header", "read_journal",
 ]
 
 _orjson: Any = None
@@ -112,6 +116,7 @@ class JournalSink:
                 "adapters": list(run.adapters),
                 "config": dict(run.config_tree),
                 "trackers": {name: dict(settings) for name, settings in run.trackers.items()},
+                **({"extra": {k: dict(v) for k, v in run.extra.items()}} if run.extra else {}),
             }
         )
 
@@ -225,6 +230,11 @@ class Journal:
         trackers = self.header.get("trackers", {})
         return dict(trackers) if isinstance(trackers, dict) else {}
 
+    @property
+    def extra(self) -> dict[str, Any]:
+        """The user's own key declarations (empty when the run declared none)."""
+        return dict(self.header.get("extra", {}))
+
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -298,11 +308,19 @@ def _check_frame(record: Mapping[str, Any], metrics: Mapping[str, Scalar], keys:
             raise ValueError(f"{key} = {value!r:.60} is a string where the catalogue declares a number")
 
 
-def _catalogue(adapters: list[str]) -> dict[str, KeyInfo]:
+def header_adapters(header: Mapping[str, Any]) -> tuple[MetricAdapter, ...]:
+    """The adapters a journal header names, then the user's own keys it declares (``extra``), rebuilt
+    here: a registered adapter is found by name, a user key from its declaration alone."""
+    names = list(header.get("adapters", []))
+    extra = user_adapters(header.get("extra", {}))
+    return (*(resolve_adapters(names) if names else ()), *extra)
+
+
+def _catalogue(header: Mapping[str, Any]) -> dict[str, KeyInfo]:
     """The declared keys of the journal's adapters; empty when one is not registered here (the
     command line refuses such a journal, naming the adapter and the fix)."""
     try:
-        return describe(resolve_adapters(adapters))
+        return describe(header_adapters(header))
     except MetricsError:
         return {}
 
@@ -320,6 +338,8 @@ def _check_header(path: Path, header: Mapping[str, Any]) -> None:
         problem = f"adapters {adapters!r:.80} is not a list of adapter names"
     elif not isinstance(header.get("config", {}), dict):
         problem = f"config {header.get('config')!r:.80} is not a JSON object"
+    elif not isinstance(header.get("extra", {}), dict):
+        problem = f"extra {header.get('extra')!r:.80} is not a JSON object of key declarations"
     elif "created" in header and not _finite_number(header["created"]):
         problem = f"created {header['created']!r:.40} is not a finite time in seconds"
     if problem:
@@ -377,7 +397,7 @@ def read_journal(path: str | os.PathLike[str]) -> Journal:
                 )
             _check_header(p, record)
             header = record
-            keys = _catalogue(list(record["adapters"]))
+            keys = _catalogue(record)
         elif kind == "frame":
             try:
                 metrics = {str(k): _decode(v) for k, v in record["metrics"].items()}

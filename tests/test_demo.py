@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import subprocess
@@ -129,3 +130,44 @@ def test_demo_reward_rises_over_a_seeded_run() -> None:
 
 def _null_hooks(rank: int, world_size: int) -> NullHooks:
     return NullHooks()
+
+
+def test_demo_publishes_a_completions_table_in_every_tracker(demo_run: Path) -> None:
+    """Both ranks' completions reach rank 0; the sample (16 rows a step, whole groups of the demo's
+    group size) is in the samples file, a W&B Table, an MLflow table and TensorBoard text."""
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from posttrain_metrics.samples import read_samples
+
+    group_size = ToyConfig().group_size
+    samples = read_samples(demo_run / "journal.samples.jsonl")
+    assert [s.step for s in samples] == list(range(1, STEPS + 1))
+    for s in samples:
+        groups = [row["group"] for row in s.rows]
+        assert 0 < len(s.rows) <= 16 and all(groups.count(g) == group_size for g in set(groups))  # whole groups
+        assert {g.split(".")[0] for g in groups} <= {"0", "1"} and s.offered == 2 * ToyConfig().prompts_per_rank * group_size
+        assert s.columns == ["group", "prompt", "completion", "reward", "advantage", "response_len", "truncated"]
+        assert sorted(s.histograms) == ["advantage", "response_len", "reward"]
+        assert all(h.num == s.offered for h in s.histograms.values())  # every row of both ranks, not the sample
+    assert {g.split(".")[0] for s in samples for g in (row["group"] for row in s.rows)} == {"0", "1"}  # both ranks
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{demo_run}/mlflow.db")
+    experiment = client.get_experiment_by_name("posttrain-metrics-demo")
+    assert experiment is not None
+    (run,) = client.search_runs([experiment.experiment_id])
+    tables = client.list_artifacts(run.info.run_id, "posttrain_metrics/samples")
+    assert len(tables) == STEPS
+    last = json.loads(Path(client.download_artifacts(run.info.run_id, tables[-1].path, str(demo_run.parent / "dl")))
+                      .read_text())
+    assert last["data"] == samples[-1].table()
+
+    events = EventAccumulator(str(demo_run / "tensorboard"), size_guidance={"tensors": 0})
+    events.Reload()
+    assert sorted(e.step for e in events.Tensors("samples/completions")) == list(range(1, STEPS + 1))
+
+    wandb_run = read_offline_run(demo_run / "wandb")
+    paths = wandb_run.column("samples/completions/path")
+    assert sorted(paths) == list(range(1, STEPS + 1))
+    table = json.loads((wandb_run.path.parent / "files" / paths[STEPS]).read_text())
+    assert table["data"] == samples[-1].table()

@@ -15,23 +15,32 @@ In a config (Hydra/OmegaConf ``instantiate``, or :func:`build_callback` without 
       - {type: tensorboard}
       - {type: console}
       - {type: journal}
+    extra:                          # your own keys, one line each (see posttrain_metrics.core.extra)
+      my/tokens_per_s: mean
+      my/oom_retries: sum
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..core import distributed
 from ..core.errors import MetricsError
+from ..core.extra import check_disjoint, normalise, user_adapters
 from ..core.frame import Frame
 from ..core.layout import RefusedChunk
-from ..core.reducer import AdapterSpec, MetricReducer
+from ..core.reducer import AdapterSpec, MetricReducer, resolve_adapters
+from ..core.samples import MAX_CHARS, Histogram, Samples, check_rows, numeric_columns, pick, select
 from ..integrations.base import Sink
 from ..integrations.console import check_total_steps
 from ..integrations.factory import build_sink, check_callback, plain, safe_name
 from ..publication import Publisher
+from ..samples import SamplesFile, samples_path
 
 __all__ = ["MetricsCallback", "build_callback"]
 
@@ -53,6 +62,8 @@ class MetricsCallback:
     ``imports`` names modules that register your own adapters, for the publisher process to import.
     ``total_steps`` (the run's optimizer steps, when known) makes the console line read ``step/total``
     with an ETA; trainer callbacks set it from the trainer's ``max_steps`` (:meth:`set_total_steps`).
+    ``extra`` declares your own keys in one line each (``{"my/tokens_per_s": "mean", "my/oom_retries":
+    "sum"}``, see :mod:`posttrain_metrics.core.extra`), as does :meth:`declare`; they need no import.
     Use as a context manager, or call ``on_run_end`` in a ``finally``: it is idempotent and also runs
     at interpreter exit. Under a launcher that started several ranks
     (``WORLD_SIZE`` > 1), reduce refuses until torch.distributed is initialised, unless ``local=True``
@@ -73,38 +84,84 @@ class MetricsCallback:
         close_timeout: float = 300.0,
         imports: Sequence[str] = (),
         total_steps: int | None = None,
+        extra: Mapping[str, Any] | None = None,
+        samples_per_step: int = 16,
+        sample_max_chars: int = MAX_CHARS,
     ) -> None:
         adapters, sinks = plain(adapters), plain(sinks)
         check_callback(adapters=adapters, sinks=sinks, out_dir=out_dir, run_name=run_name)
         self.out_dir = Path(out_dir) if out_dir is not None else None
         name = safe_name(run_name) if run_name else None
         built = [build_sink(spec, out_dir=self.out_dir) for spec in sinks]
-        self.publisher = Publisher(built, adapters=adapters, run_name=name, run_id=run_id, mode=publisher,
-                                   close_timeout=close_timeout, imports=plain(imports))
+        self._adapters = resolve_adapters(adapters)
+        self._extra = normalise(plain(extra) if extra is not None else {})
+        self._options: dict[str, Any] = dict(sinks=built, run_name=name, run_id=run_id, mode=publisher,
+                                             close_timeout=close_timeout, imports=plain(imports))
+        self._group, self._local = group, local
+        for option, value, low in (("samples_per_step", samples_per_step, 0), ("sample_max_chars", sample_max_chars, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise MetricsError(f"MetricsCallback: {option}={value!r:.40}; fix: a whole number >= {low}")
+        self.samples_per_step, self.sample_max_chars = samples_per_step, sample_max_chars
+        self._samples_file: SamplesFile | None = None
+        check_total_steps(total_steps)
+        self._total_steps = total_steps
+        self._build()
+        self.last_frame: Frame | None = None
+        self._started = False
+        self._fixed = False  # the key set is fixed once a chunk is taken or the run starts
+
+    def _build(self) -> None:
+        users = user_adapters(self._extra)
+        check_disjoint(users, self._adapters)
+        options = dict(self._options)
+        self.publisher = Publisher(options.pop("sinks"), adapters=[*self._adapters, *users], **options)
         # One reducer per phase, over the adapters that publish it: the reward report and the
         # validation adapter both take bare source names (reward_std) but never share a phase.
         self._reducers = {
-            phase: MetricReducer([a for a in self.publisher.adapters if phase in a.phases], group=group, local=local)
+            phase: MetricReducer([a for a in self.publisher.adapters if phase in a.phases], group=self._group,
+                                 local=self._local)
             for phase in ("train", "val")
             if any(phase in a.phases for a in self.publisher.adapters)
         }
-        self.last_frame: Frame | None = None
-        self._started = False
-        self.set_total_steps(total_steps)
+        self.set_total_steps(self._total_steps)
         log = self.publisher.vendor_log
         if log is not None:
-            for sink in built:
-                if isinstance(getattr(sink, "notes", None), list):
-                    sink.notes.append(f"tracker logs (W&B, MLflow, TensorBoard output): {log}")  # type: ignore[attr-defined]
+            note = f"tracker logs (W&B, MLflow, TensorBoard output): {log}"
+            for sink in self.publisher.sinks:
+                notes = getattr(sink, "notes", None)
+                if isinstance(notes, list) and note not in notes:  # declare() rebuilds: say it once
+                    notes.append(note)
 
     def set_total_steps(self, total_steps: int | None) -> None:
         """The run's number of optimizer steps (``None``: unknown), for the console's ``step/total``
         and ETA; may be called at any time (trainer callbacks call it when the trainer knows)."""
         check_total_steps(total_steps)
+        self._total_steps = total_steps
         for sink in self.publisher.sinks:
             setter = getattr(sink, "set_total_steps", None)
             if callable(setter):
                 setter(total_steps)
+
+    def declare(self, key: str, reduction: str = "mean", **fields: Any) -> None:
+        """Declare one of your own keys, as a line of ``extra`` would (``declare("my/x", "sum")``,
+        ``declare("my/loss", "weighted_mean", weight="my/tokens")`` after ``my/tokens``). Before the
+        run starts only (``on_run_start`` or the first chunk): the reduction layout, identical on
+        every rank, and the journal header are fixed then. Declaring a key again the same way is a
+        no-op."""
+        spec = {"reduction": reduction, **fields}
+        merged = normalise({**self._extra, key: spec})
+        if key in self._extra:
+            if merged[key] != self._extra[key]:
+                raise MetricsError(f"declare({key!r}): already declared as {self._extra[key]}, now {merged[key]}; "
+                                   "fix: declare each key once")
+            return
+        if self._fixed:
+            raise MetricsError(
+                f"declare({key!r}) after the run started: every rank fixes its keys before the first chunk; "
+                f"fix: call declare before on_run_start and the first on_chunk_end, or put {key!r} in extra"
+            )
+        self._extra = merged
+        self._build()
 
     @property
     def sinks(self) -> list[Sink]:
@@ -122,11 +179,13 @@ class MetricsCallback:
     def on_run_start(self, config: Mapping[str, Any] | None = None) -> None:
         """Start the sinks (rank 0) with the run's config, redacted at every depth: nested as given in
         the journal and W&B, one ``a/b`` param per value in MLflow (a list as one param)."""
+        self._fixed = True
         self.publisher.start(plain(config) if config is not None else None)
         self._started = True
 
     def on_chunk_end(self, metrics: Mapping[str, Any] | RefusedChunk) -> None:
         """One gradient-accumulation chunk's source-name metrics (every rank)."""
+        self._fixed = True
         self._reducer("train").add(metrics)
 
     def on_window_end(self, step: int) -> Frame:
@@ -141,13 +200,62 @@ class MetricsCallback:
         Atomic on every rank: a chunk that cannot be taken (not a dict, a bad value) fails the whole
         call with a ``MetricsError`` on every rank, after this rank has joined the collective, and
         leaves nothing pending for the next validation."""
+        self._fixed = True
         reducer = self._reducer("val")
         many = isinstance(metrics, Sequence) and not isinstance(metrics, (str, bytes))
         reducer.add_window(list(metrics) if many else [metrics])
         return self._publish(reducer.reduce(step, phase="val"))
 
+    def on_samples(self, step: int, rows: Sequence[Mapping[str, Any]]) -> Samples | None:
+        """A step's per-sample rows (``prompt``, ``completion``, ``reward``, ``advantage``, ``group``
+        and any column of yours), on every rank when torch.distributed is initialised (collective:
+        each rank passes its own rows, an empty list if it has none). Rank 0 keeps at most
+        ``samples_per_step`` of them, whole groups, chosen deterministically
+        (:func:`~posttrain_metrics.core.samples.select`; text cut at ``sample_max_chars``), appends them
+        to the samples file beside the journal and publishes them (a W&B Table, an MLflow table, a
+        TensorBoard text), with histograms of the ``reward``, ``advantage`` and ``response_len``
+        columns over every row offered (TensorBoard and W&B). Returns them on rank 0, ``None``
+        elsewhere."""
+        step = int(step)
+        mine = check_rows(rows)
+        where = None if self._local else distributed.group_rank_and_size(self._group)
+        offered = len(mine)
+        numbers = numeric_columns(mine)  # the histograms cover every row offered, not only the sample
+        if where is not None and where[1] > 1:
+            # Each rank sends only what could be kept (and the histogram columns' numbers), so the
+            # gather is bounded by ranks x (limit rows + 3 numbers per row offered).
+            kept = [mine[i] for i in pick(step, mine, limit=self.samples_per_step)]
+            gathered = distributed.gather_to_first((len(mine), kept, numbers), self._group)
+            if gathered is None:
+                return None
+            offered = sum(n for n, _, _ in gathered)
+            mine = [row for _, part, _ in gathered for row in part]
+            numbers = {}
+            for _, _, part_numbers in gathered:
+                for column, values in part_numbers.items():
+                    numbers.setdefault(column, []).extend(values)
+        if not self.publisher.publishes_here():
+            return None
+        if not self._started:
+            self.on_run_start()
+        samples = select(step, mine, limit=self.samples_per_step, max_chars=self.sample_max_chars, offered=offered)
+        histograms = {column: Histogram.of(values) for column, values in numbers.items()}
+        samples = dataclasses.replace(samples, wall_time=time.time(), histograms=histograms,
+                                      run_id=self.publisher.run_id)
+        path = self.publisher.journal_path
+        if path is not None:
+            if self._samples_file is None:
+                self._samples_file = SamplesFile(samples_path(path))
+            self._samples_file.write(samples)
+        for sink in self.publisher.inline:
+            if callable(getattr(sink, "write_samples", None)) and sink.name not in self.publisher.unstarted:
+                self.publisher.call(sink, "write_samples", samples)
+        return samples
+
     def on_run_end(self, failed: bool = False) -> None:
         """Close every sink with the run's status (FAILED when ``failed``). Idempotent."""
+        if self._samples_file is not None:
+            self._samples_file.close()
         self.publisher.close(failed=failed)
 
     def _reducer(self, phase: str) -> MetricReducer:
@@ -188,7 +296,7 @@ def build_callback(config: Mapping[str, Any]) -> MetricsCallback:
                       "posttrain_metrics.callbacks.generic.MetricsCallback"):
         raise MetricsError(f"_target_ {target!r} is not posttrain_metrics.callbacks.MetricsCallback")
     allowed = {"adapters", "sinks", "out_dir", "run_name", "run_id", "local", "publisher", "close_timeout",
-               "imports", "total_steps"}
+               "imports", "total_steps", "extra", "samples_per_step", "sample_max_chars"}
     unknown = sorted(set(options) - allowed)
     if unknown:
         raise MetricsError(f"unknown callback option(s) {unknown}; it takes {sorted(allowed)}")

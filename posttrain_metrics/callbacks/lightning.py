@@ -89,9 +89,10 @@ class LightningMetricsCallback(Callback):  # type: ignore[misc]
         run_name: str | None = None,
         run_id: str | None = None,
         output_key: str = OUTPUT_KEY,
+        extra: Mapping[str, Any] | None = None,
     ) -> None:
         self.metrics = MetricsCallback(
-            adapters=adapters, sinks=sinks, out_dir=out_dir, run_name=run_name, run_id=run_id
+            adapters=adapters, sinks=sinks, out_dir=out_dir, run_name=run_name, run_id=run_id, extra=extra
         )
         self.output_key = output_key
         self._seen_step: int | None = None

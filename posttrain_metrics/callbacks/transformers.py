@@ -217,7 +217,8 @@ class PosttrainMetricsCallback(TrainerCallback, MetricsCallback):  # type: ignor
     """Publishes a Trainer's or TRL ``GRPOTrainer``'s metrics through our catalogue and sinks.
 
     Constructed like :class:`~posttrain_metrics.callbacks.MetricsCallback` (``adapters``, ``sinks``,
-    ``out_dir``, ``run_name``), or from a config with :meth:`from_config` or Hydra's ``instantiate``.
+    ``out_dir``, ``run_name``, ``extra`` for your own keys), or from a config with :meth:`from_config`
+    or Hydra's ``instantiate``.
     The sinks start at ``on_train_begin`` with the ``TrainingArguments`` as the run's config and
     close at ``on_train_end``; wrap ``trainer.train()`` in ``with callback:`` to mark a crashed run
     failed. The Trainer's end-of-training summary log (``train_runtime``, ``train_loss``) is not a
@@ -236,9 +237,10 @@ class PosttrainMetricsCallback(TrainerCallback, MetricsCallback):  # type: ignor
         out_dir: str | os.PathLike[str] | None = None,
         run_name: str | None = None,
         run_id: str | None = None,
+        extra: Mapping[str, Any] | None = None,
     ) -> None:
         MetricsCallback.__init__(
-            self, adapters=adapters, sinks=sinks, out_dir=out_dir, run_name=run_name, run_id=run_id
+            self, adapters=adapters, sinks=sinks, out_dir=out_dir, run_name=run_name, run_id=run_id, extra=extra
         )
         self._routes: _Routes | None = None
         self._recorded: set[str] = set()  # source names recorded via on_chunk_end in the open window
@@ -256,7 +258,7 @@ class PosttrainMetricsCallback(TrainerCallback, MetricsCallback):  # type: ignor
         target = options.pop("_target_", None)
         if target not in (None, f"{cls.__module__}.{cls.__name__}"):
             raise MetricsError(f"_target_ {target!r} is not {cls.__module__}.{cls.__name__}")
-        allowed = {"adapters", "sinks", "out_dir", "run_name", "run_id"}
+        allowed = {"adapters", "sinks", "out_dir", "run_name", "run_id", "extra"}
         unknown = sorted(set(options) - allowed)
         if unknown:
             raise MetricsError(f"unknown callback option(s) {unknown}; it takes {sorted(allowed)}")

@@ -121,7 +121,7 @@ def handshake(fingerprint: float, size: int, group: Any = None, *, step: int | N
         raise MetricsError(
             "ranks built MetricReducer with different adapters (their packed layouts differ), so "
             "their metrics cannot be reduced together; fix: construct the reducer with the same "
-            "adapters, in the same order, on every rank"
+            "adapters, in the same order, and declare the same extra keys, on every rank"
         )
 
 
@@ -165,3 +165,19 @@ def all_reduce_state(state: PackedState, group: Any = None, *, step: int | None 
                 raise _collective_failed(what, step, exc) from exc
         both = torch.cat([sums, maxes]).cpu().tolist()
     return PackedState(both[:n], both[n:], state.errors)
+
+
+def gather_to_first(obj: Any, group: Any = None) -> list[Any] | None:
+    """``obj`` of every rank of ``group``, in rank order, on the group's first rank (``None`` elsewhere).
+    One ``gather_object``: collective, every rank of the group calls it."""
+    dist = _dist()
+    assert dist is not None
+    size = dist.get_world_size(group)
+    rank = dist.get_rank(group)
+    dst = dist.get_global_rank(group, 0) if group is not None else 0
+    out: list[Any] | None = [None] * size if rank == 0 else None
+    try:
+        dist.gather_object(obj, out, dst=dst, group=group)
+    except RuntimeError as exc:
+        raise _collective_failed("samples gather_object", None, exc) from exc
+    return out

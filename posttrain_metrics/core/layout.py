@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 from .adapter import PHASES, Metric, MetricAdapter
 from .errors import MetricsError
+from .extra import one_line_fix
 from .reduction import Reduction
 from .values import MAX_EXACT_INT, BadValue, Scalar, to_scalar
 
@@ -435,7 +436,7 @@ class Layout:
         hint = f" (did you mean {', '.join(repr(n) for n in near)}?)" if near else ""
         return (
             f"source name {source!r:.80} is not declared by adapters [{names}]{hint}; fix: use a declared "
-            "source name, add the adapter that declares it, or declare it in your own adapter"
+            f"source name, add the adapter that declares it, or {one_line_fix(source[:80])}"
         )
 
     # -- many ranks -----------------------------------------------------------------------------

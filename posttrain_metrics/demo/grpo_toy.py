@@ -98,6 +98,10 @@ class TrainerHooks(Protocol):
     def on_validation_end(self, step: int, metrics: dict[str, MetricValue]) -> object:
         """Held-out greedy reward (``reward_avg``, ``reward_std``: the ``validation`` adapter)."""
 
+    def on_samples(self, step: int, rows: list[dict[str, Any]]) -> object:
+        """This rank's completions of the step (target, digits, reward, advantage, group), after
+        ``on_window_end``; collective on every rank (rank 0 publishes a sample of them)."""
+
     def on_run_end(self, failed: bool) -> None:
         """Once, last, also when an exception unwinds the loop (``failed=True``)."""
 
@@ -115,6 +119,9 @@ class NullHooks:
         pass
 
     def on_validation_end(self, step: int, metrics: dict[str, MetricValue]) -> None:
+        pass
+
+    def on_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
         pass
 
     def on_run_end(self, failed: bool) -> None:
@@ -642,6 +649,26 @@ def build_policy(config: ToyConfig) -> DigitPolicy:
         return DigitPolicy(config)
 
 
+def completion_rows(batch: Batch, config: ToyConfig, rank: int) -> list[dict[str, Any]]:
+    """One row per completion of this rank's batch, for ``on_samples``: the prompt (its target sum),
+    the digits written (``[eos]`` when it stopped), the reward, the advantage, the response length in
+    tokens and the group."""
+    rollout = batch.rollout
+    rows = []
+    for i in range(rollout.targets.shape[0]):
+        digits = [int(t) for t, m in zip(rollout.tokens[i], rollout.mask[i]) if m and int(t) != config.eos]
+        stopped = not bool(rollout.truncated[i])
+        rows.append({
+            "group": f"{rank}.{i // config.group_size}",
+            "prompt": f"digits summing to {int(rollout.targets[i])}",
+            "completion": " ".join([*map(str, digits), *(["[eos]"] if stopped else [])]),
+            "reward": float(rollout.rewards[i]),
+            "advantage": round(float(batch.advantages[i]), 4),
+            "response_len": int(rollout.mask[i].sum()),
+        })
+    return rows
+
+
 def train_step(
     step: int,
     policy: DigitPolicy,
@@ -652,9 +679,9 @@ def train_step(
     hooks: TrainerHooks,
     config: ToyConfig,
     world_size: int,
-) -> float:
+) -> tuple[float, Batch]:
     """One collected batch and its updates; hands every chunk to the hooks. Returns the global
-    reward mean of the batch."""
+    reward mean of the batch, and the batch (its completions go to ``on_samples``)."""
     started = time.perf_counter()
     batch = collect(policy, reference, config, step, gen)
     divisors, reward_mean = global_counts(batch, config, world_size)
@@ -677,7 +704,7 @@ def train_step(
                 if m == config.n_minibatches - 1:
                     metrics["e2e_step_s"] = time.perf_counter() - started
             hooks.on_chunk_end(metrics)
-    return reward_mean
+    return reward_mean, batch
 
 
 def train(config: ToyConfig, hooks: TrainerHooks, *, rank: int = 0, world_size: int = 1) -> dict[str, Any]:
@@ -701,10 +728,11 @@ def train(config: ToyConfig, hooks: TrainerHooks, *, rank: int = 0, world_size: 
         hooks.on_run_start({**config.as_dict(), "world_size": world_size, "policy_parameters": n_params})
         rewards, val_rewards = [], []
         for step in range(1, config.steps + 1):
-            rewards.append(
-                train_step(step, policy, reference, optimizer, counters, gen, hooks, config, world_size)
-            )
+            reward_mean, batch = train_step(step, policy, reference, optimizer, counters, gen, hooks, config,
+                                            world_size)
+            rewards.append(reward_mean)
             hooks.on_window_end(step)
+            hooks.on_samples(step, completion_rows(batch, config, rank))
             if config.val_every and step % config.val_every == 0:
                 val = greedy_reward(policy, config)
                 val_rewards.append((step, float(val.mean())))

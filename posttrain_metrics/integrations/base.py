@@ -23,7 +23,9 @@ class RunInfo:
     ``config_tree`` is the same config nested, lists and ``None`` kept (for trackers that show
     structure; the flat ``config`` when not given, as an old journal has it); ``keys`` describes
     every public key the run's adapters can publish; ``trackers`` holds each tracker sink's resolved
-    settings (:func:`tracker_settings`: W&B's project and entity), recorded in the journal header."""
+    settings (:func:`tracker_settings`: W&B's project and entity), recorded in the journal header;
+    ``extra`` holds the user's own key declarations (:mod:`posttrain_metrics.core.extra`), which
+    ``adapters`` does not name."""
 
     run_id: str
     name: str
@@ -37,6 +39,7 @@ class RunInfo:
     def __post_init__(self) -> None:
         if not self.config_tree and self.config:
             object.__setattr__(self, "config_tree", dict(self.config))
+    extra: Mapping[str, Mapping[str, object]] = dataclasses.field(default_factory=dict)
 
 
 @runtime_checkable

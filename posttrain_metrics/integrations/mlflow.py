@@ -558,6 +558,21 @@ class MlflowSink:
         items = [(names(k), v, stamp, self._last_step) for k, v in values.items()]
         for i in range(0, len(items), self._max_metrics):
             self._queue(_Batch([], items[i : i + self._max_metrics]))
+    def attach(self, files: Iterable[Path]) -> None:
+        """Attach the run's own record (journal, config, doctor's report, dashboard) as artifacts under
+        ``posttrain_metrics/``; the publisher calls it just before ``close``."""
+        if self._client is None or self._closed or self._degraded:
+            return
+        for path in files:
+            self._client.log_artifact(self.run_id, str(path), artifact_path="posttrain_metrics")
+
+    def write_samples(self, samples: Any) -> None:
+        """A step's sample completions as an MLflow table (``log_table``), one artifact per step:
+        ``posttrain_metrics/samples/step_<step>.json`` (a replayed step overwrites its own file)."""
+        if self._client is None or self._closed or self._degraded or not samples.rows:
+            return
+        data = {column: [row.get(column) for row in samples.rows] for column in samples.columns}
+        self._client.log_table(self.run_id, data=data, artifact_file=f"posttrain_metrics/samples/step_{samples.step:08d}.json")
 
     # ------------------------------------------------------------------ the queue
     def _queue(self, batch: _Batch) -> None:

@@ -469,6 +469,23 @@ class TensorBoardSink:
         self._writer.add_event(self._event(0, run.started, values))
         self._writer.flush()
 
+    def write_samples(self, samples: Any) -> None:
+        """A step's sample completions as a Markdown table, TensorBoard text ``samples/completions``, and
+        its histograms (``samples/reward`` ...) as TensorBoard histograms."""
+        if self._writer is None:
+            return
+        values = []
+        if samples.rows:
+            values.append(self._text_value("samples/completions", samples.markdown(), "Sample completions of the step"))
+        summary = self._tb.summary_pb2
+        for column, h in samples.histograms.items():
+            histo = summary.HistogramProto(min=h.edges[0], max=h.edges[-1], num=h.num, sum=h.sum,
+                                           sum_squares=h.sum_squares, bucket_limit=h.edges[1:], bucket=h.counts)
+            values.append(summary.Summary.Value(tag=f"samples/{column}", histo=histo))
+        if values:
+            self._writer.add_event(self._event(samples.step, samples.wall_time or time.time(), values))
+            self._writer.flush()
+
     def _resolve(self, name: str, run_id: str) -> Path:
         # Placeholders take folder-safe values: a run name or id cannot lead the path elsewhere.
         return Path(str(self.log_dir).replace("{name}", safe_name(name)).replace("{run_id}", safe_name(run_id)))

@@ -372,6 +372,38 @@ class WandbSink:
         finally:
             run.finish(exit_code=KILLED_EXIT_CODE if killed else 1 if failed else 0)
 
+    def attach(self, files: Sequence[Path]) -> None:
+        """Attach the run's own record (journal, config, doctor's report, dashboard) as run files under
+        ``posttrain_metrics/`` (copied into the run's files folder, uploaded at the end of the run or
+        by ``wandb sync``); the publisher calls it just before ``close``."""
+        import shutil
+
+        run = self._run
+        if run is None:
+            return
+        folder = Path(run.dir) / "posttrain_metrics"
+        folder.mkdir(parents=True, exist_ok=True)
+        for path in files:
+            target = folder / Path(path).name
+            shutil.copyfile(path, target)
+            run.save(str(target), base_path=run.dir, policy="end")
+
+    def write_samples(self, samples: Any) -> None:
+        """A step's sample completions as a W&B Table under ``samples/completions`` and its histograms
+        (``samples/reward`` ...) as W&B histograms, on the step axis."""
+        import wandb
+
+        run = self._run
+        if run is None or not (samples.rows or samples.histograms):
+            return
+        self._bind("samples")
+        row: dict[str, Any] = {STEP_KEY: samples.step}
+        if samples.rows:
+            row["samples/completions"] = wandb.Table(columns=list(samples.columns), data=samples.table())
+        for column, h in samples.histograms.items():
+            row[f"samples/{column}"] = wandb.Histogram(np_histogram=(h.counts, h.edges))
+        run.log(row)
+
     # -- the publisher process ---------------------------------------------------------------------
 
     def to_config(self) -> dict[str, Any]:

@@ -30,7 +30,8 @@ from ..core.errors import MetricsError
 from ..core.frame import Frame
 from ..core.keys import KeyInfo
 from ..integrations.base import Points, Sink
-from ..journal import JournalTail, Record, journal_closed, last_header
+from ..journal import JournalTail, Record, header_adapters, journal_closed, last_header
+from ..samples import SamplesTail, samples_path
 from .publisher import Publisher, display_frame, nonfinite_kind
 
 __all__ = ["STATUSES", "JournalTail", "Pending", "Points", "Record", "Replica", "follow", "status_path", "write_status"]
@@ -113,6 +114,8 @@ class Replica:
         self.sink = sink
         self.batch = batch
         self.tail = JournalTail(path)
+        self.samples = SamplesTail(samples_path(path))  # the completions beside the journal, if any
+        self.samples_written = 0
         self.publisher: Publisher | None = None
         self.pending: Pending | None = None
         self.header: dict[str, Any] | None = None
@@ -134,8 +137,24 @@ class Replica:
             return 0
         records = self.tail.read(self.batch)
         self.feed(records)
+        self.feed_samples()
         self._flush()
         return len(records)
+
+    def feed_samples(self) -> None:
+        """Publish the sample completions appended beside the journal since the last call, to a sink
+        that takes them (``write_samples``) once it has started. A restarted publisher sends them again
+        (MLflow overwrites its per-step file; W&B and TensorBoard then show a step's table twice)."""
+        pub = self.publisher
+        if pub is None or pub.run is None or self.sink.name in pub.unstarted:
+            return
+        if not callable(getattr(self.sink, "write_samples", None)):
+            return
+        for samples in self.samples.read():
+            if samples.run_id and samples.run_id != pub.run_id:
+                continue  # left by another run at this path (its journal was set aside, see JournalSink)
+            if pub.call(self.sink, "write_samples", samples):
+                self.samples_written += 1
 
     def feed(self, records: Iterable[Record]) -> None:
         """Publish ``records`` in order (what :meth:`step` read, or a journal already in memory)."""
@@ -167,7 +186,7 @@ class Replica:
         """The run's publisher and what the target already holds (read back before anything is sent)."""
         self.header = header
         run_id = str(header.get("run_id", ""))
-        adapters = list(self.adapters) if self.adapters is not None else list(header.get("adapters", []))
+        adapters = list(self.adapters) if self.adapters is not None else list(header_adapters(header))
         pub = Publisher([self.sink], adapters=adapters, run_id=run_id,
                         run_name=str(header.get("name") or "") or None, mode="inline")
         numeric = sorted(k for k, info in pub.keys.items() if not info.metric.labels) + sorted(
@@ -200,6 +219,7 @@ class Replica:
             return
         self.closed = True
         if self.publisher is not None:
+            self.feed_samples()
             self.publisher.close(status=status)
 
     def handles(self) -> dict[str, Any]:
@@ -238,6 +258,25 @@ def _step(replica: Replica) -> int:
         return 0
 
 
+def _attach_record(journal: Path, replicas: Sequence[Replica]) -> None:
+    """The run's record, written once, handed to each started sink that takes files (``attach``)."""
+    takers = [r for r in replicas if r.publisher is not None and r.publisher.run is not None and not r.closed
+              and callable(getattr(r.sink, "attach", None)) and r.sink.name not in r.publisher.unstarted]
+    if not takers:
+        return
+    from .artifacts import write_record
+
+    try:
+        files = write_record(journal)
+    except Exception as exc:  # never in the way of closing the trackers
+        warnings.warn(f"{journal}: the run's record could not be written ({type(exc).__name__}: {exc}); the "
+                      "trackers close without it", stacklevel=2)
+        return
+    for r in takers:
+        assert r.publisher is not None
+        r.publisher.call(r.sink, "attach", files)
+
+
 def _parent_gone(parent_pid: int | None) -> bool:
     return parent_pid is not None and os.getppid() != parent_pid
 
@@ -254,8 +293,12 @@ def follow(
     report: bool = True,
     grace: float = 10.0,
     adapters: Sequence[Any] | None = None,
+    record: bool = True,
 ) -> dict[str, Any]:
     """Feed ``sinks`` from the journal at ``path`` until the run ends; returns the final status.
+
+    Before closing them, ``record`` attaches the run's record (the journal, its config, the doctor's
+    report, the dashboard) to every sink that takes files (see :mod:`.artifacts`).
 
     With ``follow`` the journal is tailed until its end record (then every sink is closed with the
     run's status); if the trainer (``parent_pid``) is gone first, every complete line is drained and
@@ -309,6 +352,8 @@ def follow(
                 status = closed or next((e for e in ends if e), None) or "killed"
                 break
         time.sleep(poll)
+    if record:
+        _attach_record(journal, replicas)
     for r in replicas:
         r.close(r.end or status)
     state = "closed"

@@ -46,6 +46,7 @@ from typing import Any
 
 from ..core.distributed import global_rank
 from ..core.errors import MetricsError, user_stacklevel
+from ..core.extra import UserKeys, declarations
 from ..core.frame import Frame
 from ..core.keys import KeyInfo, describe, label_key
 from ..core.redact import config_tree, flatten_config, redact_text
@@ -151,7 +152,8 @@ class Publisher:
         from ..core.catalog import BUILTIN
 
         builtin = {id(a) for a in BUILTIN}
-        own = [a.name for a in self.adapters if id(a) not in builtin]
+        # The user's own keys (UserKeys) travel as declarations in the journal header: any reader rebuilds them.
+        own = [a.name for a in self.adapters if id(a) not in builtin and not isinstance(a, UserKeys)]
         self.imports = tuple(imports)
         if mode == "process" and own and not self.imports:
             # A fresh publisher process knows the catalogue, not adapters registered in this one.
@@ -207,8 +209,9 @@ class Publisher:
             config=flatten_config(config or {}),
             config_tree=config_tree(config), trackers=tracker_settings(self.sinks),
             keys=self.keys,
-            adapters=tuple(a.name for a in self.adapters),
+            adapters=tuple(a.name for a in self.adapters if not isinstance(a, UserKeys)),
             started=started if started is not None else time.time(),
+            extra=declarations(self.adapters),  # the journal header carries them: readers rebuild them
         )
         self.run = run
         if self.publishes_here():
