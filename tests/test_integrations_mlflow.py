@@ -641,3 +641,22 @@ def test_mlflow_run_id_from_the_environment_targets_that_run(mlflow_server: str,
     publish(sink, grpo_run(steps=2), GRPO_ADAPTERS, tmp_path / "journal.jsonl")
     assert sink.run_id == target
     assert [s for s, _ in history(client, target, "train/loss_avg")] == [1, 2]
+
+
+def test_an_explicit_sqlite_store_keeps_its_artifacts_next_to_its_database(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """MLflow's own default for a new experiment of a SQLite store is ./mlruns of the working
+    directory: a trainer started elsewhere would scatter the run's record there."""
+    store, elsewhere = tmp_path / "store", tmp_path / "cwd"
+    store.mkdir()
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    db = store / "ml.db"
+    sink = MlflowSink(tracking_uri=f"sqlite:///{db}", experiment_name="explicit-sqlite")
+    publish(sink, grpo_run(steps=2), GRPO_ADAPTERS, tmp_path / "journal.jsonl", mode="inline")
+    client = MlflowClient(f"sqlite:///{db}")
+    client.log_text(sink.run_id, "hello", "note.txt")
+    artifact_uri = client.get_run(sink.run_id).info.artifact_uri
+    assert artifact_uri.startswith((store / "mlartifacts").as_uri()), artifact_uri
+    assert list(store.joinpath("mlartifacts").rglob("note.txt"))
+    assert not (elsewhere / "mlruns").exists() and not list(elsewhere.iterdir())

@@ -92,7 +92,7 @@ defaults: 7 retries, 120 s timeout, factor 2, about 4 minutes for a refused conn
 (which finds or creates the run) and ``close`` are synchronous and bounded by the same settings.
 
 Where the run goes: ``tracking_uri`` if given, else ``MLFLOW_TRACKING_URI`` from the environment,
-else an embedded SQLite store ``sqlite:///<dir>/mlflow.db`` (no server; artifacts under
+else an embedded SQLite store ``sqlite:///<dir>/mlflow.db`` (no server; artifacts, as for any SQLite store, under
 ``<dir>/mlartifacts``; browse it with ``mlflow ui --backend-store-uri sqlite:///<dir>/mlflow.db``).
 The experiment is ``experiment_name`` (``experiment``, its older name, is accepted), else
 ``MLFLOW_EXPERIMENT_NAME``, else ``posttrain-metrics``; it is tagged
@@ -219,6 +219,19 @@ class _Names:
         if not self.valid(out):
             out = f"key-{digest}"
         return out
+
+
+def _sqlite_artifacts(uri: str) -> str | None:
+    """Where a new experiment of a ``sqlite:///`` store keeps its artifacts: ``mlartifacts`` next to
+    the database file (the embedded default's and any explicit SQLite file's), never MLflow's own
+    default of ``./mlruns`` in whatever directory the trainer happens to run from. None (the
+    server's or store's own default) for every other URI."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    path = uri[len("sqlite:///"):].split("?", 1)[0]
+    if not path or path == ":memory:":
+        return None
+    return (Path(path).resolve().parent / "mlartifacts").as_uri()
 
 
 class MlflowSink:
@@ -443,8 +456,7 @@ class MlflowSink:
                                   f"({redact_text(str(exc))[:200]}); its page may open on MLflow's GenAI overview",
                                   stacklevel=3)
             return str(found.experiment_id)
-        # The embedded store keeps its artifacts next to its database, not in ./mlruns of the cwd.
-        location = (self.dir.resolve() / "mlartifacts").as_uri() if embedded else None
+        location = _sqlite_artifacts(self.tracking_uri or "")
         try:
             # Tagged as model development: MLflow 3's UI otherwise opens a new experiment as a GenAI
             # one (traces and evaluations) and hides the metric charts this run is made of.
