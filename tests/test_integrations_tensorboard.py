@@ -453,3 +453,109 @@ def test_layout_and_hparams_can_be_turned_off(tmp_path):
     acc = load(sink.path)
     assert layout_metadata.CONFIG_SUMMARY_TAG not in acc.Tags()["tensors"]
     assert not (sink.path / HPARAMS_DIR).exists()
+
+
+# -- the sink's own encoding, proven against TensorBoard's writer --------------------------------------
+
+
+def expected_description(key: str, keys) -> str:
+    """The description a tag must carry, written out here from the catalogue declarations."""
+    if key not in keys:
+        parent, _, label = key.rpartition("/")
+        if parent in keys and label in keys[parent].metric.labels:
+            return f"1 when `{parent}` is `{label}` at this step, else 0"
+        return ""  # a key no adapter declares
+    metric = keys[key].metric
+    how = metric.reduction.value.replace("_", " ")
+    if metric.reduction is Reduction.WEIGHTED_MEAN and keys[key].weight_key:
+        how += f" by `{keys[key].weight_key}`"
+    unit = f"{metric.unit}; " if metric.unit else ""
+    return f"{metric.meaning} ({unit}{how} over chunks and ranks)" if metric.meaning else f"({unit}{how})"
+
+
+def oracle_events(frames: list[Frame], keys) -> list:
+    """Each frame's ``Event`` built with TensorBoard's own proto classes and metadata helpers (the
+    first point of a tag with its description, values as float32: beyond its range, inf)."""
+    from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, types_pb2
+    from tensorboard.plugins.scalar import metadata as scalar_metadata
+    from tensorboard.plugins.text import metadata as text_metadata
+
+    seen: set[str] = set()
+    events = []
+    for frame in frames:
+        values = []
+        for key, value in tracked(frame).items():
+            first = key not in seen
+            seen.add(key)
+            if isinstance(value, str):
+                v = summary_pb2.Summary.Value(tag=key, tensor=tensor_pb2.TensorProto(
+                    dtype=types_pb2.DT_STRING, string_val=[value.encode()]))
+                if first:
+                    v.metadata.CopyFrom(text_metadata.create_summary_metadata(None, expected_description(key, keys)))
+            else:
+                number = float(value)
+                if math.isfinite(number) and abs(number) > 3.4028235677973366e38:
+                    number = math.copysign(math.inf, number)
+                v = summary_pb2.Summary.Value(tag=key, simple_value=number)
+                if first:
+                    v.metadata.CopyFrom(scalar_metadata.create_summary_metadata("", expected_description(key, keys)))
+            values.append(v)
+        events.append(event_pb2.Event(wall_time=frame.wall_time, step=frame.step,
+                                      summary=summary_pb2.Summary(value=values)))
+    return events
+
+
+def records(path: Path) -> list[bytes]:
+    """The record payloads of the event files in ``path`` (TFRecord framing: length, CRC, data, CRC)."""
+    [file] = path.glob("events.out.tfevents.*")
+    data, out, pos = file.read_bytes(), [], 0
+    while pos < len(data):
+        (length,) = struct.unpack_from("<Q", data, pos)
+        out.append(data[pos + 12 : pos + 12 + length])
+        pos += 12 + length + 4
+    return out
+
+
+def mixed_run() -> list[Frame]:
+    """Frames that take every path of the encoding: repeated keys (the packed path), a label that
+    changes, a key that appears mid-run, a frame of other keys (undeclared ones), NaN and infinities, a
+    finite value beyond float32, steps past one varint byte."""
+    frames = grpo_run(steps=8)
+    val = Frame(4, {"eval/score": 0.5, "eval/count": 12}, "val", 1_700_000_004.5)
+    odd = dict(frames[5].metrics)
+    odd["train/kl_max"], odd["train/loss_avg"], odd["train/grad_norm"] = math.nan, math.inf, 1e39
+    more = [Frame(step, dict(frames[step % 8].metrics), "train", 1_700_000_000.0 + step) for step in (127, 128, 300, 70000)]
+    return [*frames[:4], val, *frames[4:5], Frame(6, odd, "train", frames[5].wall_time), *frames[6:], *more]
+
+
+def test_event_bytes_equal_tensorboards_own_protos_and_read_back_like_its_writer(tmp_path):
+    from tensorboard.compat.proto import event_pb2
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    frames = mixed_run()
+    keys = describe([get_adapter(a) for a in GRPO_ADAPTERS])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the float32 overflow warning (tested above)
+        _, sink = publish(tmp_path, frames, layout=False, hparams=False)
+    want = oracle_events(frames, keys)
+    got = records(sink.path)[2:]  # after the file version and the config event
+    assert len(got) == len(want)
+    for i, (data, event) in enumerate(zip(got, want)):
+        assert data == event.SerializeToString(), f"event {i} (step {frames[i].step}) differs"
+        assert event_pb2.Event.FromString(data) == event
+
+    # TensorBoard's own writer, given the same events, reads back the same series
+    writer = EventFileWriter(str(tmp_path / "oracle"))
+    for event in want:
+        writer.add_event(event)
+    writer.close()
+    ours, theirs = load(sink.path), load(tmp_path / "oracle")
+    assert set(ours.Tags()["scalars"]) == set(theirs.Tags()["scalars"])
+    for tag in theirs.Tags()["scalars"]:
+        a, b = ours.Scalars(tag), theirs.Scalars(tag)
+        assert [(e.step, e.wall_time) for e in a] == [(e.step, e.wall_time) for e in b], tag
+        assert all(same(x.value, y.value) for x, y in zip(a, b)), tag
+        assert ours.SummaryMetadata(tag) == theirs.SummaryMetadata(tag), tag
+    assert ours.Scalars("train/grad_norm")[5].value == math.inf  # 1e39 is beyond float32
+    assert math.isnan(ours.Scalars("train/kl_max")[5].value)
+    assert [e.step for e in ours.Scalars("train/loss_avg")][-4:] == [127, 128, 300, 70000]

@@ -53,6 +53,7 @@ import collections
 import dataclasses
 import itertools
 import math
+import operator
 import os
 import re
 import socket
@@ -351,11 +352,18 @@ def _crc32c() -> Callable[[bytes], int]:
 _UID = itertools.count()
 _Q = struct.Struct("<Q")
 _D = struct.Struct("<d")
+_WALL = struct.Struct("<Bd")
 _F = struct.Struct("<f")
 _I = struct.Struct("<I")
 
 
+_SMALL = [bytes((n,)) for n in range(0x80)]
+_STEPS = [b"\x10" + bytes((n,)) for n in range(0x80)]
+
+
 def _varint(n: int) -> bytes:
+    if n < 0x80:
+        return _SMALL[n]
     out = bytearray()
     while True:
         bits = n & 0x7F
@@ -377,28 +385,114 @@ class _EventFile:
         self.path = log_dir / name
         self._crc = tb.crc32c
         self._file = open(self.path, "wb")  # noqa: SIM115 - held for the run
+        self._pending: list[bytes] = []
         version = tb.event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2")
         self.add(version.SerializeToString())
         self.flush()
 
-    def _masked(self, data: bytes) -> bytes:
-        crc = self._crc(data)
-        return _I.pack((((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF)
-
     def add(self, data: bytes) -> None:
+        """Frame one record (length, its masked CRC, data, its masked CRC); it is written at the next
+        ``flush`` (one write per batch)."""
+        crc = self._crc
         header = _Q.pack(len(data))
-        self._file.write(b"".join((header, self._masked(header), data, self._masked(data))))
+        h, d = crc(header), crc(data)
+        self._pending.append(b"".join((header, _I.pack((((h >> 15) | (h << 17)) + 0xA282EAD8) & 0xFFFFFFFF), data,
+                                       _I.pack((((d >> 15) | (d << 17)) + 0xA282EAD8) & 0xFFFFFFFF))))
 
     def add_event(self, event: Any) -> None:
         self.add(event.SerializeToString())
 
     def flush(self) -> None:
+        if self._pending:
+            self._file.write(b"".join(self._pending))
+            self._pending.clear()
         self._file.flush()
 
     def close(self) -> None:
         if not self._file.closed:
-            self._file.flush()
+            self.flush()
             self._file.close()
+
+
+_MAX_ENCODINGS = 256  # frames of ever new key sets are encoded value by value
+
+
+class _Encoding:
+    """The ``Summary`` bytes of frames with one set of keys, in one order, as one ``struct`` format.
+
+    A scalar value is a tiny fixed protobuf (``0a <len> 0a <len> <tag> 15 <float32>``): everything
+    up to the float is the tag's constant prefix. A label's text value is constant bytes per (key,
+    label) once its tag is described. So a frame is its numbers packed between constant byte strings:
+    one ``Struct.pack`` per frame, with one format per combination of labels (``formats``). The
+    bytes are those of the value-by-value encoding, which any frame falls back to: when a tag is new,
+    a label's text is not built yet, a number is beyond float32 (warned and stored as inf there) or
+    a value changes type.
+    """
+
+    def __init__(self, names: tuple[str, ...], prefixes: tuple[bytes, ...],
+                 numbers: Callable[[Any], tuple[Any, ...]], texts: tuple[tuple[str, int, int], ...]) -> None:
+        self.names = names
+        self.prefixes = prefixes  # per number, its tag's prefix
+        self.numbers = numbers  # the numbers of a frame's values
+        self.texts = texts  # (key, position among the values, index of the number it precedes)
+        self.count = len(prefixes)
+        self.formats: dict[tuple[Any, ...], tuple[struct.Struct, list[Any]]] = {}
+
+    @classmethod
+    def of(cls, names: tuple[str, ...], metrics: Mapping[str, Scalar], prefixes: Mapping[str, bytes]
+           ) -> _Encoding | None:
+        """The encoding of frames with ``metrics``' keys, or None when a key has no prefix yet."""
+        numbers: list[int] = []
+        tags: list[bytes] = []
+        labels: list[tuple[str, int, int]] = []
+        for i, (key, value) in enumerate(metrics.items()):
+            if isinstance(value, str):
+                labels.append((key, i, len(numbers)))
+                continue
+            prefix = prefixes.get(key)
+            if prefix is None:
+                return None
+            numbers.append(i)
+            tags.append(prefix)
+        getter: Callable[[Any], tuple[Any, ...]]
+        if len(numbers) == 1:
+            only = numbers[0]
+            getter = lambda values: (values[only],)  # noqa: E731
+        else:
+            getter = operator.itemgetter(*numbers) if numbers else (lambda values: ())
+        return cls(names, tuple(tags), getter, tuple(labels))
+
+    def encode(self, values: tuple[Scalar, ...], texts: Mapping[tuple[str, str], bytes]) -> bytes | None:
+        """The frame's bytes, or None when it does not fit this encoding (see the class docstring)."""
+        labels = tuple(values[i] for _, i, _ in self.texts) if self.texts else ()
+        compiled = self.formats.get(labels)
+        if compiled is None:
+            compiled = self._compile(labels, texts)
+            if compiled is None:
+                return None
+        layout, args = compiled
+        args[1 : 2 * self.count : 2] = self.numbers(values)
+        try:
+            data: bytes = layout.pack(*args)
+        except (struct.error, OverflowError):
+            return None
+        return data
+
+    def _compile(self, labels: tuple[Any, ...], texts: Mapping[tuple[str, str], bytes]
+                 ) -> tuple[struct.Struct, list[Any]] | None:
+        before: dict[int, list[bytes]] = {}
+        for (key, _, at), label in zip(self.texts, labels):
+            text = texts.get((key, label)) if isinstance(label, str) else None
+            if text is None:
+                return None
+            before.setdefault(at, []).append(text)
+        pieces = [b"".join(before.get(j, ())) + prefix for j, prefix in enumerate(self.prefixes)]
+        tail = b"".join(before.get(self.count, ()))
+        fmt = "<" + "".join(f"{len(p)}sf" for p in pieces) + (f"{len(tail)}s" if tail else "")
+        args: list[Any] = [x for p in pieces for x in (p, 0.0)] + ([tail] if tail else [])
+        if len(self.formats) < _MAX_ENCODINGS:
+            self.formats[labels] = (struct.Struct(fmt), args)
+        return struct.Struct(fmt), args
 
 
 class TensorBoardSink:
@@ -445,6 +539,8 @@ class TensorBoardSink:
         self._overflow_warned: set[str] = set()
         self._prefix: dict[str, bytes] = {}  # a scalar tag's bytes up to its float
         self._texts: dict[tuple[str, str], bytes] = {}  # a label's bytes, after the first with its metadata
+        self._encodings: dict[tuple[str, ...], _Encoding | None] = {}  # a frame's keys -> its encoding
+        self._current: _Encoding | None = None  # the last frame's
         self._unflushed = 0
         self._last_step = 0
 
@@ -460,6 +556,8 @@ class TensorBoardSink:
         self._described.clear()
         self._prefix.clear()
         self._texts.clear()
+        self._encodings.clear()
+        self._current = None
         self._unflushed = 0
         self._last_step = 0
         self._writer = _EventFile(path, tb)
@@ -474,15 +572,40 @@ class TensorBoardSink:
         return Path(str(self.log_dir).replace("{name}", safe_name(name)).replace("{run_id}", safe_name(run_id)))
 
     def write(self, frame: Frame) -> None:
-        """One event per frame, encoded directly: each tag's bytes are built once per run, a point
-        adds its float (the first point of a tag, and labels, go through the proto classes)."""
+        """One event per frame, encoded directly (see :class:`_Encoding`): a frame with the keys of an
+        earlier one is one ``struct.pack``; the first point of a tag, a label's first text and a
+        value beyond float32 go through the proto classes."""
         writer, summary, run = self._writer, self._summary, self._run
         if writer is None or summary is None or run is None:
             raise MetricsError("tensorboard sink is not open; fix: call start() before write()")
+        m = frame.metrics
+        names = tuple(m)
+        encoding = self._current
+        if encoding is None or encoding.names != names:  # the keys of the last frame, most often
+            encoding = self._current = self._encodings.get(names)
+        body = encoding.encode(tuple(m.values()), self._texts) if encoding is not None else None
+        if body is None:
+            body = self._encode(m, run.keys)
+            if encoding is None and len(self._encodings) < _MAX_ENCODINGS:
+                self._encodings[names] = _Encoding.of(names, m, self._prefix)
+        step = frame.step
+        writer.add(b"".join((_WALL.pack(9, frame.wall_time or time.time()),
+                             _STEPS[step] if 0 <= step < 0x80 else b"\x10" + _varint(step & 0xFFFFFFFFFFFFFFFF),
+                             b"\x2a", _varint(len(body)), body)))
+        summary.add(frame)
+        if frame.step > self._last_step:
+            self._last_step = frame.step
+        self._unflushed += 1
+        if self._unflushed >= self._every:
+            writer.flush()
+            self._unflushed = 0
+
+    def _encode(self, metrics: Mapping[str, Scalar], keys: Mapping[str, KeyInfo]) -> bytes:
+        """A frame's ``Summary`` bytes, value by value (each tag's bytes are built once per run)."""
         parts: list[bytes] = []
         prefixes = self._prefix
         pack = _F.pack
-        for key, value in frame.metrics.items():
+        for key, value in metrics.items():
             prefix = prefixes.get(key)
             if prefix is not None and not isinstance(value, str):
                 try:
@@ -495,24 +618,13 @@ class TensorBoardSink:
             if isinstance(value, str):  # a label: its bytes are built once per (key, label)
                 text = self._texts.get((key, value))
                 if text is None:
-                    text = self._first_value(key, value, run.keys)
+                    text = self._first_value(key, value, keys)
                     if key in self._described:
-                        self._texts[(key, value)] = self._first_value(key, value, run.keys)
+                        self._texts[(key, value)] = self._first_value(key, value, keys)
                 parts.append(text)
                 continue
-            parts.append(self._first_value(key, value, run.keys))
-        body = b"".join(parts)
-        wall_time = frame.wall_time or time.time()
-        event = b"".join((b"\x09", _D.pack(wall_time), b"\x10", _varint(frame.step & 0xFFFFFFFFFFFFFFFF),
-                          b"\x2a", _varint(len(body)), body))
-        writer.add(event)
-        summary.add(frame)
-        if frame.step > self._last_step:
-            self._last_step = frame.step
-        self._unflushed += 1
-        if self._unflushed >= self._every:
-            writer.flush()
-            self._unflushed = 0
+            parts.append(self._first_value(key, value, keys))
+        return b"".join(parts)
 
     def _first_value(self, key: str, value: Scalar, keys: Mapping[str, KeyInfo]) -> bytes:
         """A value through the proto classes (a label's text, a tag's first point with its
