@@ -1,20 +1,27 @@
 """The TensorBoard sink: event files written with TensorBoard's own writer; no torch, no TensorFlow.
 
 ``TensorBoardSink(log_dir=...)`` writes one run into ``log_dir`` (``{name}`` and ``{run_id}`` in the
-path are filled in at start); point ``tensorboard --logdir`` at its parent to compare runs. What the
-dashboard then shows:
+path are filled in at start); point ``tensorboard --logdir`` at its parent to compare runs. The
+callback's default, ``{"type": "tensorboard"}``, is ``<out_dir>/tensorboard/{name}-{run_id}``: one
+directory (one TensorBoard run) per run, so a second run into the same ``out_dir`` never mixes its
+points with the first, and a resumed run (same id, even under another name) goes on in its own
+directory. ``posttrain-metrics export --to tensorboard`` writes the same directory by default. What
+the dashboard then shows:
 
 - **Scalars.** Every numeric key of a step under its own tag (``train/loss_avg``,
   ``train/grad_norm``, ``optim/optimizer_step`` ...), all of a step's keys in *one* event: one
   record, one checksum and one queue hand-off per step instead of one per key. The first point of
-  each tag carries the catalogue's meaning, unit and reduction as the chart's description. Each
-  categorical key also charts as one 0/1 series per label (``optim/update_outcome/skipped``).
+  each tag (only it) carries the catalogue's meaning, unit and reduction as the chart's
+  description. Each categorical key also charts as one 0/1 series per label (``optim/update_outcome/skipped``).
   A key a step did not publish has no point at that step: PPO's critic-only warmup iterations
   leave the policy charts empty there, never zero.
 - **Text.** The label of each categorical key at each step (``optim/update_outcome``:
   ``skipped``), and the run's config (flattened, secrets redacted) as a table under ``config``,
   written at start so that a killed run shows it too.
-- **Custom scalars.** A layout derived from the catalogue, so the dashboard opens organised:
+- **Custom scalars.** A layout derived from the catalogue, so the dashboard opens organised, listing
+  only the tags the run has written: it is written with the first step and again, in the step's
+  event, whenever a charted tag is first written (TensorBoard shows a run's latest layout), so no
+  chart opens empty and the layout grows as keys appear:
   first ``<ALGO> headline`` (the keys the catalogue marks as headline: loss, reward, pre-clip
   gradient norm, informative groups, KL, the update outcome), expanded; then one collapsed
   category per topic: a key's declared family (``GRPO logprob gap``); a leaf prefix shared by at
@@ -25,13 +32,14 @@ dashboard then shows:
   ``timer/*``). One chart per key; ``train/`` and ``val/`` of one leaf share a chart;
   ``<x>_mean`` with ``<x>_min`` and ``<x>_max`` is one band chart; a categorical key is one chart
   of its label series. A user's own adapter is laid out by the same rules from its declarations.
-  Keys a run never publishes (score centering when it is off) leave empty charts in collapsed
-  categories.
-- **HParams.** At close, a session in ``<log_dir>/hparams`` with the config as hyperparameters
+  Keys a run never publishes (score centering when it is off) have no chart.
+- **HParams.** At close, a session in ``<log_dir>/hparams``, its group named after the run (the
+  run's directory name), with the config as hyperparameters
   (plus ``adapters``), the status (success, or failure when the run failed) and, as its metrics,
   the run aggregate of every key under ``run/<key>``: computed with each key's own semantics
   (token-weighted means over the whole run, totals for sums, the run's maximum and minimum, the
   last value of counters, the number of steps per outcome label), not TensorBoard's last value.
+  They are the session's metrics in the hparams view; the run's own series hold none of them.
   No experiment summary is written, so TensorBoard takes the union of every run's hyperparameters
   and the runs of one logdir compare side by side.
 
@@ -51,6 +59,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import glob
 import itertools
 import math
 import operator
@@ -86,6 +95,7 @@ __all__ = [
     "Chart",
     "TensorBoardSink",
     "dashboard_layout",
+    "written_layout",
 ]
 
 INSTALL = "pip install 'posttrain-metrics[tensorboard]'"
@@ -123,6 +133,8 @@ class Chart:
     title: str
     tags: tuple[str, ...] = ()
     bands: tuple[tuple[str, str, str], ...] = ()
+    keys: tuple[str, ...] = ()
+    """The tags a multiline chart matches (what ``tags`` says as regexes), for :func:`written_layout`."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,8 +172,9 @@ class _Unit:
         labels = self.metric.labels
         if labels:
             pattern = f"^(?:{alternatives})/(?:{'|'.join(re.escape(lab) for lab in labels)})$"
-            return Chart(f"{self._title(keys)} (1 = label of the step)", tags=(pattern,))
-        return Chart(self._title(keys), tags=(f"^(?:{alternatives})$",))
+            return Chart(f"{self._title(keys)} (1 = label of the step)", tags=(pattern,),
+                         keys=tuple(f"{k}/{lab}" for k in keys for lab in labels))
+        return Chart(self._title(keys), tags=(f"^(?:{alternatives})$",), keys=tuple(keys))
 
     def _title(self, keys: list[str]) -> str:
         if len(keys) == 1:
@@ -276,6 +289,34 @@ def dashboard_layout(keys: Mapping[str, KeyInfo], adapters: Sequence[str]) -> li
     for unit, title in zip(topical, _topics(topical, keys)):
         (shared if unit.fixed_namespace else charts).setdefault(title, []).append(unit.chart())
     out.extend(Category(title, tuple(group)) for title, group in {**charts, **shared}.items())
+    return out
+
+
+def written_layout(categories: Sequence[Category], written: Iterable[str]) -> list[Category]:
+    """``categories`` restricted to the ``written`` tags: a multiline chart lists only its tags that
+    were written (its regex rebuilt over them), a band chart keeps the bands whose three tags were,
+    a chart or category left with nothing is dropped. So no chart opens empty.
+
+    >>> layout = [Category("c", (Chart("x", tags=("^(?:a|b)$",), keys=("a", "b")), Chart("y", keys=("c",))))]
+    >>> written_layout(layout, {"b"})  # doctest: +NORMALIZE_WHITESPACE
+    [Category(title='c', charts=(Chart(title='x', tags=('^(?:b)$',), bands=(), keys=('b',)),), closed=True)]
+    """
+    done = set(written)
+    out: list[Category] = []
+    for category in categories:
+        charts: list[Chart] = []
+        for chart in category.charts:
+            if chart.bands:
+                bands = tuple(b for b in chart.bands if all(t in done for t in b))
+                if bands:
+                    charts.append(dataclasses.replace(chart, bands=bands))
+                continue
+            keys = tuple(k for k in chart.keys if k in done)
+            if keys:
+                charts.append(dataclasses.replace(chart, keys=keys,
+                                                  tags=(f"^(?:{'|'.join(re.escape(k) for k in keys)})$",)))
+        if charts:
+            out.append(dataclasses.replace(category, charts=tuple(charts)))
     return out
 
 
@@ -501,8 +542,9 @@ class TensorBoardSink:
     ``log_dir`` is the run's own directory (point TensorBoard at its parent to compare runs);
     ``{name}`` and ``{run_id}`` in it are replaced by the run's name and id at start. ``flush`` is
     ``"step"`` (after every frame) or N (once the frames since the last flush span N steps); files
-    are always flushed at close. ``layout`` writes the custom-scalars layout at start, ``hparams``
-    the hparams session with the run aggregates at close.
+    are always flushed at close. ``layout`` writes the custom-scalars layout of the tags written (with
+    the first step, again as it grows), ``hparams`` the hparams session with the run aggregates at
+    close.
     """
 
     name = "tensorboard"
@@ -541,6 +583,10 @@ class TensorBoardSink:
         self._texts: dict[tuple[str, str], bytes] = {}  # a label's bytes, after the first with its metadata
         self._encodings: dict[tuple[str, ...], _Encoding | None] = {}  # a frame's keys -> its encoding
         self._current: _Encoding | None = None  # the last frame's
+        self._layout: list[Category] = []  # the catalogue's layout, every chart
+        self._chartable: set[str] = set()  # the tags it charts
+        self._charted: set[str] = set()  # those written so far
+        self._layout_stale = False  # a charted tag was first written since the layout was
         self._unflushed = 0
         self._last_step = 0
 
@@ -550,7 +596,7 @@ class TensorBoardSink:
         tb = _import_tensorboard()
         if self._writer is not None:
             raise MetricsError(f"tensorboard sink for {self.path} already started; fix: close() it first")
-        path = self._resolve(run.name, run.run_id)
+        path = self.resolve(run.name, run.run_id)
         self._tb, self._run, self.path = tb, run, path
         self._summary = RunSummary(run.keys)
         self._described.clear()
@@ -561,15 +607,30 @@ class TensorBoardSink:
         self._unflushed = 0
         self._last_step = 0
         self._writer = _EventFile(path, tb)
+        # The layout is written with the first frame and again whenever a charted tag is first
+        # written (TensorBoard shows a run's latest layout): it lists only tags the run has.
+        self._layout = dashboard_layout(run.keys, run.adapters) if self.layout else []
+        self._chartable = {t for c in self._layout for chart in c.charts
+                           for t in (*chart.keys, *(t for band in chart.bands for t in band))}
+        self._charted.clear()
+        self._layout_stale = False
         values = [self._text_value(CONFIG_TAG, _config_table(run), "The run's config (flattened, redacted)")]
-        if self.layout:
-            values.append(self._layout_value(dashboard_layout(run.keys, run.adapters)))
         self._writer.add_event(self._event(0, run.started, values))
         self._writer.flush()
 
-    def _resolve(self, name: str, run_id: str) -> Path:
-        # Placeholders take folder-safe values: a run name or id cannot lead the path elsewhere.
-        return Path(str(self.log_dir).replace("{name}", safe_name(name)).replace("{run_id}", safe_name(run_id)))
+    def resolve(self, name: str, run_id: str) -> Path:
+        """``log_dir`` with its placeholders filled in. Placeholders take folder-safe values: a run
+        name or id cannot lead the path elsewhere. A run resumed (same id) under another name finds
+        the directory of its id when ``log_dir`` has both placeholders and exactly one matches."""
+        template = str(self.log_dir)
+        path = Path(template.replace("{name}", safe_name(name)).replace("{run_id}", safe_name(run_id)))
+        if "{name}" in template and "{run_id}" in template and not path.exists():
+            pattern = "*".join(glob.escape(part.replace("{run_id}", safe_name(run_id)))
+                               for part in template.split("{name}"))
+            found = [Path(p) for p in glob.glob(pattern) if Path(p).is_dir()]
+            if len(found) == 1:
+                return found[0]
+        return path
 
     def write(self, frame: Frame) -> None:
         """One event per frame, encoded directly (see :class:`_Encoding`): a frame with the keys of an
@@ -588,6 +649,10 @@ class TensorBoardSink:
             body = self._encode(m, run.keys)
             if encoding is None and len(self._encodings) < _MAX_ENCODINGS:
                 self._encodings[names] = _Encoding.of(names, m, self._prefix)
+        if self._layout_stale:  # the layout grew: written again, in this step's event
+            self._layout_stale = False
+            layout = self._layout_value(written_layout(self._layout, self._charted)).SerializeToString()
+            body += b"\x0a" + _varint(len(layout)) + layout
         step = frame.step
         writer.add(b"".join((_WALL.pack(9, frame.wall_time or time.time()),
                              _STEPS[step] if 0 <= step < 0x80 else b"\x10" + _varint(step & 0xFFFFFFFFFFFFFFFF),
@@ -638,6 +703,9 @@ class TensorBoardSink:
                 self._overflow(key, number)
                 number = math.copysign(math.inf, number)
             v = tb.summary_pb2.Summary.Value(tag=key, simple_value=number)
+            if key in self._chartable and key not in self._charted:
+                self._charted.add(key)
+                self._layout_stale = True
             if key not in self._described:
                 self._described.add(key)
                 v.metadata.CopyFrom(tb.scalar_metadata.create_summary_metadata("", _description(key, keys)))
@@ -685,7 +753,7 @@ class TensorBoardSink:
 
     def held_points(self, run_id: str, name: str, keys: Iterable[str]) -> Any:
         """The (tag, step) points the log dir already holds (read back with ``EventAccumulator``)."""
-        return tensorboard_points(self._resolve(name, run_id))
+        return tensorboard_points(self.resolve(name, run_id))
 
     def run_handles(self) -> dict[str, Any]:
         return {"log_dir": str(self.path.resolve()) if self.path is not None else None}
@@ -731,7 +799,8 @@ class TensorBoardSink:
         hparams: dict[str, Scalar] = dict(run.config)
         hparams.setdefault("adapters", ",".join(run.adapters))
         hparams[STATUS_HPARAM] = status
-        session_start = tb.hparams_summary.hparams_pb(hparams, start_time_secs=run.started)
+        # the session's group is named after the run (its directory: name and id)
+        session_start = tb.hparams_summary.hparams_pb(hparams, trial_id=path.name, start_time_secs=run.started)
         aggregates = [
             tb.summary_pb2.Summary.Value(tag=f"{AGGREGATE_PREFIX}{key}", simple_value=float(value))
             for key, value in summary.values().items()
