@@ -64,11 +64,13 @@ class RunSummary:
         self._drain()
         return self._nonfinite
 
-    def add(self, frame: Frame) -> None:
-        """Fold one frame: held when its keys have a plan, else value by value at once."""
+    def add(self, frame: Frame, names: tuple[str, ...] | None = None) -> None:
+        """Fold one frame: held when its keys have a plan, else value by value at once. ``names``,
+        ``tuple(frame.metrics)``, when the caller has it already."""
         self.frames += 1
         m = frame.metrics
-        names = tuple(m)
+        if names is None:
+            names = tuple(m)
         active = self._active
         if active is not None and active.names == names:
             held = self._held

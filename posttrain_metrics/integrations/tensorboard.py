@@ -477,6 +477,9 @@ class _Encoding:
         self.numbers = numbers  # the numbers of a frame's values
         self.texts = texts  # (key, position among the values, index of the number it precedes)
         self.count = len(prefixes)
+        at = [i for _, i, _ in texts]
+        self.labels: Callable[[Any], tuple[Any, ...]] = (
+            operator.itemgetter(*at) if len(at) > 1 else (lambda values: (values[at[0]],)) if at else (lambda values: ()))
         self.formats: dict[tuple[Any, ...], tuple[struct.Struct, list[Any]]] = {}
 
     @classmethod
@@ -505,7 +508,7 @@ class _Encoding:
 
     def encode(self, values: tuple[Scalar, ...], texts: Mapping[tuple[str, str], bytes]) -> bytes | None:
         """The frame's bytes, or None when it does not fit this encoding (see the class docstring)."""
-        labels = tuple(values[i] for _, i, _ in self.texts) if self.texts else ()
+        labels = self.labels(values) if self.texts else ()
         compiled = self.formats.get(labels)
         if compiled is None:
             compiled = self._compile(labels, texts)
@@ -657,7 +660,7 @@ class TensorBoardSink:
         writer.add(b"".join((_WALL.pack(9, frame.wall_time or time.time()),
                              _STEPS[step] if 0 <= step < 0x80 else b"\x10" + _varint(step & 0xFFFFFFFFFFFFFFFF),
                              b"\x2a", _varint(len(body)), body)))
-        summary.add(frame)
+        summary.add(frame, names)
         if frame.step > self._last_step:
             self._last_step = frame.step
         self._unflushed += 1
