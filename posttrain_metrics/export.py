@@ -93,8 +93,10 @@ def _target(journal: Journal, to: str, target: str | None, *, project: str | Non
     if to == "tensorboard":
         from .integrations.tensorboard import TensorBoardSink
 
-        log_dir = Path(target) if target else home / "tensorboard"
-        return TensorBoardSink(log_dir=log_dir, flush=1 << 30), str(log_dir)  # flushed per batch and at close
+        # by default the run's own directory, where a live TensorBoard sink of the callback writes it
+        log_dir = Path(target) if target else home / "tensorboard" / "{name}-{run_id}"
+        tb_sink = TensorBoardSink(log_dir=log_dir, flush=1 << 30)  # flushed per batch and at close
+        return tb_sink, str(tb_sink.resolve(str(journal.header.get("name") or ""), journal.run_id))
     if to == "mlflow":
         from .integrations.mlflow import MlflowSink
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import random
+from pathlib import Path
 
 from posttrain_metrics import Frame, reduce_metrics
 
@@ -235,3 +236,10 @@ class CloseCountingSink:
 
     def close(self, *, failed: bool = False) -> None:
         self.closes.append(failed)
+
+
+def tensorboard_run(out_dir: Path) -> Path:
+    """The run directory the callback's default TensorBoard sink wrote: ``out_dir/tensorboard/<name>-<run id>``
+    (one per run; the test's out_dir holds one run)."""
+    [run] = [p for p in (Path(out_dir) / "tensorboard").iterdir() if p.is_dir()]
+    return run

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from _runs import CloseCountingSink, grpo_chunk
+from _runs import CloseCountingSink, grpo_chunk, tensorboard_run
 
 from posttrain_metrics import MetricsError
 from posttrain_metrics.callbacks import MetricsCallback, build_callback
@@ -116,7 +116,7 @@ def test_the_callback_reports_the_trackers_run_handles(tmp_path, publisher):
     while not {"tensorboard", "mlflow"} <= set(cb.run_handles) and time.monotonic() < deadline:
         time.sleep(0.05)
     handles = cb.run_handles
-    assert handles["tensorboard"]["log_dir"] == str((tmp_path / "tensorboard").resolve())
+    assert handles["tensorboard"]["log_dir"] == str(tensorboard_run(tmp_path).resolve())  # the run's own dir
     rng = random.Random(1)
     with cb:
         for step in range(1, 4):

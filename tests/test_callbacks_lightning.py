@@ -122,9 +122,10 @@ def test_ddp_two_gloo_ranks_token_weighted_key_is_exact_where_sync_dist_is_not(t
         assert metrics["train/kl_max"] == pytest.approx(max(b["hits"] / b["tokens"] for b in window), rel=1e-6)
         print(shown)
 
+    from _runs import tensorboard_run
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    events = EventAccumulator(str(out / "tensorboard"), size_guidance={"scalars": 0})
+    events = EventAccumulator(str(tensorboard_run(out)), size_guidance={"scalars": 0})
     events.Reload()
     assert {e.step for e in events.Scalars("train/clip_frac")} == set(frames)
 

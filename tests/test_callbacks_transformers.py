@@ -268,11 +268,12 @@ def test_trainer_two_gloo_ranks_maps_logged_keys_and_reduces_micro_batches_exact
     # 4. the same figures in MLflow (embedded SQLite), TensorBoard and W&B (offline), read back
     run, history = mlflow_history(out, "hf-callback")
     assert run.info.status == "FINISHED"
+    from _runs import tensorboard_run
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from posttrain_metrics.integrations.wandb_reader import read_offline_run
 
-    events = EventAccumulator(str(out / "tensorboard"), size_guidance={"scalars": 0})
+    events = EventAccumulator(str(tensorboard_run(out)), size_guidance={"scalars": 0})
     events.Reload()
     wandb_run = read_offline_run(out / "wandb")
     for key in ("train/loss_avg", "train/grad_norm", "train/learning_rate", "train/token_nll",

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _runs import tensorboard_run
 
 from posttrain_metrics import get_adapter
 from posttrain_metrics.core.keys import describe, headline_keys
@@ -60,7 +61,7 @@ def test_demo_headline_keys_agree_across_journal_mlflow_tensorboard_and_wandb(de
     (run,) = client.search_runs([experiment.experiment_id])
     assert run.info.status == "FINISHED"
 
-    events = EventAccumulator(str(demo_run / "tensorboard"), size_guidance={"scalars": 0, "tensors": 0})
+    events = EventAccumulator(str(tensorboard_run(demo_run)), size_guidance={"scalars": 0, "tensors": 0})
     events.Reload()
     tb_tags = set(events.Tags()["scalars"])
 
@@ -162,7 +163,7 @@ def test_demo_publishes_a_completions_table_in_every_tracker(demo_run: Path) -> 
                       .read_text())
     assert last["data"] == samples[-1].table()
 
-    events = EventAccumulator(str(demo_run / "tensorboard"), size_guidance={"tensors": 0})
+    events = EventAccumulator(str(tensorboard_run(demo_run)), size_guidance={"tensors": 0})
     events.Reload()
     assert sorted(e.step for e in events.Tensors("samples/completions")) == list(range(1, STEPS + 1))
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _runs import GRPO_ADAPTERS, grpo_run, nonfinite_frame
+from _runs import GRPO_ADAPTERS, grpo_run, nonfinite_frame, tensorboard_run
 
 from posttrain_metrics import Frame
 from posttrain_metrics.cli import main
@@ -40,7 +40,7 @@ def frames() -> list[Frame]:
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("live")
-    sinks = [JournalSink(root / "journal.jsonl"), TensorBoardSink(log_dir=root / "tensorboard"),
+    sinks = [JournalSink(root / "journal.jsonl"), TensorBoardSink(log_dir=root / "tensorboard" / "{name}-{run_id}"),
              MlflowSink(dir=root, experiment="export-test"),
              WandbSink(project="export-test", entity="export-team", dir=root, settings={"quiet": True})]
     pub = Publisher(sinks, adapters=GRPO_ADAPTERS, run_name="export-test", run_id=RUN_ID)
@@ -108,7 +108,7 @@ def export(journal: Path, *to: str, capsys: pytest.CaptureFixture[str]) -> str:
 def test_export_to_tensorboard_equals_live_and_is_idempotent(live: Path, tmp_path: Path, capsys) -> None:
     target = tmp_path / "tb"
     assert "exported 7 of 7 frames" in export(live / "journal.jsonl", "tensorboard", str(target), capsys=capsys)
-    want = tensorboard_series(live / "tensorboard")
+    want = tensorboard_series(tensorboard_run(live))
     assert_series_equal(tensorboard_series(target), want)
     assert "train/kl_max" in want and 5 not in [s for s, _ in want["train/kl_max"]]  # absent stays absent
     assert math.isnan(dict(want["train/loss_avg"])[7])
@@ -124,7 +124,7 @@ def test_export_is_resumable_after_a_partial_export(live: Path, tmp_path: Path, 
     target = tmp_path / "tb"
     assert "exported 3 of 3" in export(partial, "tensorboard", str(target), capsys=capsys)
     assert "exported 4 of 7 frames" in export(live / "journal.jsonl", "tensorboard", str(target), capsys=capsys)
-    assert_series_equal(tensorboard_series(target), tensorboard_series(live / "tensorboard"))
+    assert_series_equal(tensorboard_series(target), tensorboard_series(tensorboard_run(live)))
 
 
 def test_export_to_a_real_mlflow_server_equals_live_and_is_idempotent(live: Path, mlflow_server: str, capsys) -> None:
@@ -312,7 +312,7 @@ def test_a_run_that_never_closed_exports_as_killed_everywhere(tmp_path: Path, ca
         runs = [r for e in client.search_experiments()
                 for r in client.search_runs([e.experiment_id], filter_string=f"tags.`{RUN_ID_TAG}` = '{run_id}'")]
         assert [r.info.status for r in runs] == [mlflow_status]
-        acc = ea.EventAccumulator(str(folder / "tensorboard" / "hparams"))
+        acc = ea.EventAccumulator(str(tensorboard_run(folder) / "hparams"))
         acc.Reload()
         content = acc.PluginTagToContent(hparams_metadata.PLUGIN_NAME)
         start = hparams_metadata.parse_session_start_info_plugin_data(content[hparams_metadata.SESSION_START_INFO_TAG])

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _runs import tensorboard_run
 
 from posttrain_metrics import MetricReducer, MetricsError, reduce_metrics
 from posttrain_metrics.callbacks import MetricsCallback, build_callback
@@ -286,7 +287,7 @@ def test_the_publisher_process_feeds_user_keys_to_every_tracker(tmp_path: Path, 
     status = json.loads((out / "journal.jsonl.publisher.json").read_text())
     assert status["status"] == "finished" and not status["failures"], status
 
-    assert _user_series(_tensorboard(out / "tensorboard")) == WANT  # every value exact in float32 too
+    assert _user_series(_tensorboard(tensorboard_run(out))) == WANT  # every value exact in float32 too
     assert _user_series(_mlflow(mlflow_server, "extrarun01")) == WANT
     from posttrain_metrics.integrations.wandb_reader import read_offline_run
 

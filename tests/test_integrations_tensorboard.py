@@ -318,7 +318,7 @@ def test_missing_tensorboard_names_the_install_line(tmp_path, monkeypatch):
 
 def read_layout(acc: ea.EventAccumulator) -> layout_pb2.Layout:
     assert "custom_scalars__config__" in acc.PluginTagToContent(layout_metadata.PLUGIN_NAME)
-    [point] = acc.Tensors(layout_metadata.CONFIG_SUMMARY_TAG)
+    point = acc.Tensors(layout_metadata.CONFIG_SUMMARY_TAG)[-1]  # TensorBoard shows the latest
     layout = layout_pb2.Layout()
     layout.ParseFromString(point.tensor_proto.string_val[0])
     return layout
@@ -350,7 +350,6 @@ def test_layout_groups_headline_keys_and_families_and_charts_every_key(tmp_path)
     expected = {
         "GRPO logprob gap": ["train/logprob_gap_mean", "train/logprob_gap_token_count"],
         "GRPO KL": ["train/kl_mean", "train/kl_max", "train/kl_beta"],
-        "GRPO score centering": ["train/sc_token_count", "train/sc_rho_max"],
         "GRPO response length": ["train/response_len_mean", "train/response_len_max",
                                  "train/rollout_truncated_frac"],
         "reward & groups": ["train/reward_mean", "train/reward_max", "train/grpo_tied_group_count"],
@@ -362,6 +361,7 @@ def test_layout_groups_headline_keys_and_families_and_charts_every_key(tmp_path)
         assert categories[title].closed
         for key in keys:
             assert charted(categories[title], key), (title, key)
+    assert "GRPO score centering" not in categories  # grpo_run publishes no score-centering key
     topical = [c for c in layout.category if c.title != "GRPO headline"]
     for tag in acc.Tags()["scalars"]:  # every published scalar sits in exactly one topic
         assert sum(charted(c, tag) for c in topical) == 1, tag
@@ -453,3 +453,248 @@ def test_layout_and_hparams_can_be_turned_off(tmp_path):
     acc = load(sink.path)
     assert layout_metadata.CONFIG_SUMMARY_TAG not in acc.Tags()["tensors"]
     assert not (sink.path / HPARAMS_DIR).exists()
+
+
+# -- the sink's own encoding, proven against TensorBoard's writer --------------------------------------
+
+
+def expected_description(key: str, keys) -> str:
+    """The description a tag must carry, written out here from the catalogue declarations."""
+    if key not in keys:
+        parent, _, label = key.rpartition("/")
+        if parent in keys and label in keys[parent].metric.labels:
+            return f"1 when `{parent}` is `{label}` at this step, else 0"
+        return ""  # a key no adapter declares
+    metric = keys[key].metric
+    how = metric.reduction.value.replace("_", " ")
+    if metric.reduction is Reduction.WEIGHTED_MEAN and keys[key].weight_key:
+        how += f" by `{keys[key].weight_key}`"
+    unit = f"{metric.unit}; " if metric.unit else ""
+    return f"{metric.meaning} ({unit}{how} over chunks and ranks)" if metric.meaning else f"({unit}{how})"
+
+
+def oracle_events(frames: list[Frame], keys) -> list:
+    """Each frame's ``Event`` built with TensorBoard's own proto classes and metadata helpers (the
+    first point of a tag with its description, values as float32: beyond its range, inf)."""
+    from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, types_pb2
+    from tensorboard.plugins.scalar import metadata as scalar_metadata
+    from tensorboard.plugins.text import metadata as text_metadata
+
+    seen: set[str] = set()
+    events = []
+    for frame in frames:
+        values = []
+        for key, value in tracked(frame).items():
+            first = key not in seen
+            seen.add(key)
+            if isinstance(value, str):
+                v = summary_pb2.Summary.Value(tag=key, tensor=tensor_pb2.TensorProto(
+                    dtype=types_pb2.DT_STRING, string_val=[value.encode()]))
+                if first:
+                    v.metadata.CopyFrom(text_metadata.create_summary_metadata(None, expected_description(key, keys)))
+            else:
+                number = float(value)
+                if math.isfinite(number) and abs(number) > 3.4028235677973366e38:
+                    number = math.copysign(math.inf, number)
+                v = summary_pb2.Summary.Value(tag=key, simple_value=number)
+                if first:
+                    v.metadata.CopyFrom(scalar_metadata.create_summary_metadata("", expected_description(key, keys)))
+            values.append(v)
+        events.append(event_pb2.Event(wall_time=frame.wall_time, step=frame.step,
+                                      summary=summary_pb2.Summary(value=values)))
+    return events
+
+
+def records(path: Path) -> list[bytes]:
+    """The record payloads of the event files in ``path`` (TFRecord framing: length, CRC, data, CRC)."""
+    [file] = path.glob("events.out.tfevents.*")
+    data, out, pos = file.read_bytes(), [], 0
+    while pos < len(data):
+        (length,) = struct.unpack_from("<Q", data, pos)
+        out.append(data[pos + 12 : pos + 12 + length])
+        pos += 12 + length + 4
+    return out
+
+
+def mixed_run() -> list[Frame]:
+    """Frames that take every path of the encoding: repeated keys (the packed path), a label that
+    changes, a key that appears mid-run, a frame of other keys (undeclared ones), NaN and infinities, a
+    finite value beyond float32, steps past one varint byte."""
+    frames = grpo_run(steps=8)
+    val = Frame(4, {"eval/score": 0.5, "eval/count": 12}, "val", 1_700_000_004.5)
+    odd = dict(frames[5].metrics)
+    odd["train/kl_max"], odd["train/loss_avg"], odd["train/grad_norm"] = math.nan, math.inf, 1e39
+    more = [Frame(step, dict(frames[step % 8].metrics), "train", 1_700_000_000.0 + step) for step in (127, 128, 300, 70000)]
+    return [*frames[:4], val, *frames[4:5], Frame(6, odd, "train", frames[5].wall_time), *frames[6:], *more]
+
+
+def test_event_bytes_equal_tensorboards_own_protos_and_read_back_like_its_writer(tmp_path):
+    from tensorboard.compat.proto import event_pb2
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    frames = mixed_run()
+    keys = describe([get_adapter(a) for a in GRPO_ADAPTERS])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the float32 overflow warning (tested above)
+        _, sink = publish(tmp_path, frames, layout=False, hparams=False)
+    want = oracle_events(frames, keys)
+    got = records(sink.path)[2:]  # after the file version and the config event
+    assert len(got) == len(want)
+    for i, (data, event) in enumerate(zip(got, want)):
+        assert data == event.SerializeToString(), f"event {i} (step {frames[i].step}) differs"
+        assert event_pb2.Event.FromString(data) == event
+
+    # TensorBoard's own writer, given the same events, reads back the same series
+    writer = EventFileWriter(str(tmp_path / "oracle"))
+    for event in want:
+        writer.add_event(event)
+    writer.close()
+    ours, theirs = load(sink.path), load(tmp_path / "oracle")
+    assert set(ours.Tags()["scalars"]) == set(theirs.Tags()["scalars"])
+    for tag in theirs.Tags()["scalars"]:
+        a, b = ours.Scalars(tag), theirs.Scalars(tag)
+        assert [(e.step, e.wall_time) for e in a] == [(e.step, e.wall_time) for e in b], tag
+        assert all(same(x.value, y.value) for x, y in zip(a, b)), tag
+        assert ours.SummaryMetadata(tag) == theirs.SummaryMetadata(tag), tag
+    assert ours.Scalars("train/grad_norm")[5].value == math.inf  # 1e39 is beyond float32
+    assert math.isnan(ours.Scalars("train/kl_max")[5].value)
+    assert [e.step for e in ours.Scalars("train/loss_avg")][-4:] == [127, 128, 300, 70000]
+
+
+# -- one directory per run; what the dashboard opens on ------------------------------------------------
+
+
+def run_into(out_dir: Path, run_id: str, name: str, frames: list[Frame]) -> Publisher:
+    """A run with the callback's default TensorBoard sink (``{"type": "tensorboard"}`` in out_dir)."""
+    from posttrain_metrics.integrations.factory import build_sink
+
+    pub = Publisher([build_sink({"type": "tensorboard"}, out_dir=out_dir)], adapters=GRPO_ADAPTERS,
+                    run_name=name, run_id=run_id, background=False)
+    pub.start({"seed": 1})
+    for frame in frames:
+        pub.publish(frame)
+    pub.close()
+    assert pub.failures == {}
+    return pub
+
+
+def test_two_runs_into_one_out_dir_each_write_their_own_directory_and_a_resumed_run_continues_its_own(tmp_path):
+    frames = grpo_run(steps=4)
+    first = run_into(tmp_path, "aaa111", "exp", frames)
+    second = run_into(tmp_path, "bbb222", "exp", frames)
+    root = tmp_path / "tensorboard"
+    assert sorted(p.name for p in root.iterdir()) == ["exp-aaa111", "exp-bbb222"]
+    assert first.run_handles()["tensorboard"]["log_dir"] == str((root / "exp-aaa111").resolve())
+    assert second.run_handles()["tensorboard"]["log_dir"] == str((root / "exp-bbb222").resolve())
+    for run in ("exp-aaa111", "exp-bbb222"):
+        assert [e.step for e in load(root / run).Scalars("train/loss_avg")] == [1, 2, 3, 4], run  # once each
+        _, start, _ = hparams_session(root / run)
+        assert start.group_name == run  # the hparams session is named after its run
+    # the first run resumed (same id), even under another name: it goes on in its own directory
+    more = [Frame(step, dict(frames[step - 5].metrics), "train", 1_700_000_000.0 + step) for step in (5, 6)]
+    resumed = run_into(tmp_path, "aaa111", "exp-resumed", more)
+    assert sorted(p.name for p in root.iterdir()) == ["exp-aaa111", "exp-bbb222"]
+    assert resumed.run_handles()["tensorboard"]["log_dir"] == str((root / "exp-aaa111").resolve())
+    assert [e.step for e in load(root / "exp-aaa111").Scalars("train/loss_avg")] == [1, 2, 3, 4, 5, 6]
+    assert [e.step for e in load(root / "exp-bbb222").Scalars("train/loss_avg")] == [1, 2, 3, 4]
+
+
+def test_export_finds_the_runs_own_directory(tmp_path):
+    """export into the default target writes the live run's directory: it holds every step, so
+    there is nothing to export; a run name with odd characters gets a safe directory name."""
+    from posttrain_metrics.export import export
+    from posttrain_metrics.integrations.factory import build_sink
+
+    frames = grpo_run(steps=3)
+    pub = Publisher([JournalSink(tmp_path / "journal.jsonl"), build_sink({"type": "tensorboard"}, out_dir=tmp_path)],
+                    adapters=GRPO_ADAPTERS, run_name="my run/1", run_id="ccc333", background=False)
+    pub.start({})
+    for frame in frames:
+        pub.publish(frame)
+    pub.close()
+    [run_dir] = (tmp_path / "tensorboard").iterdir()
+    assert run_dir.name == "my-run-1-ccc333"
+    journal = read_journal(tmp_path / "journal.jsonl")
+    assert export(journal, "tensorboard", quiet=True) == 0
+    assert [e.step for e in load(run_dir).Scalars("train/loss_avg")] == [1, 2, 3]  # not written twice
+    assert [p.name for p in (tmp_path / "tensorboard").iterdir()] == ["my-run-1-ccc333"]
+
+
+def first_steps(acc: ea.EventAccumulator) -> dict[str, int]:
+    return {tag: acc.Scalars(tag)[0].step for tag in acc.Tags()["scalars"]}
+
+
+def layout_tags(layout: layout_pb2.Layout, tags: set[str]) -> set[str]:
+    """The tags among ``tags`` that the layout charts; asserts that no chart matches none of them."""
+    charted_tags: set[str] = set()
+    for category in layout.category:
+        for chart in category.chart:
+            if chart.HasField("multiline"):
+                hits = {t for rx in chart.multiline.tag for t in tags if re.match(rx, t)}
+            else:
+                hits = {t for s in chart.margin.series for t in (s.value, s.lower, s.upper) if t in tags}
+                assert all({s.value, s.lower, s.upper} <= tags for s in chart.margin.series), chart.title
+            assert hits, f"{category.title}: chart {chart.title} matches no written tag"
+            charted_tags |= hits
+    return charted_tags
+
+
+def test_layout_lists_only_written_tags_and_grows_with_new_keys(tmp_path):
+    frames = grpo_run(steps=4)
+    late = dict(frames[3].metrics, **{"train/sc_token_count": 120, "train/sc_rho_max": 1.5})
+    frames[3] = Frame(4, late, "train", frames[3].wall_time)
+    _, sink = publish(tmp_path, frames)
+    acc = load(sink.path)
+    written = first_steps(acc)
+    points = acc.Tensors(layout_metadata.CONFIG_SUMMARY_TAG)
+    assert [p.step for p in points] == [1, 4]  # with the first frame, again when keys were added
+    for point in points:
+        layout = layout_pb2.Layout()
+        layout.ParseFromString(point.tensor_proto.string_val[0])
+        by_then = {t for t, step in written.items() if step <= point.step}
+        # every chart matches a tag written by then, and no tag written later
+        assert layout_tags(layout, set(written)) == layout_tags(layout, by_then)
+    first, last = (layout_pb2.Layout.FromString(p.tensor_proto.string_val[0]) for p in points)
+    assert "GRPO score centering" not in [c.title for c in first.category]
+    assert {"train/sc_token_count", "train/sc_rho_max"} <= layout_tags(last, set(written))
+    assert not any(t.startswith(AGGREGATE_PREFIX) for t in layout_tags(last, set(written)))
+
+
+def test_every_tag_carries_its_catalogue_meaning_written_once(tmp_path):
+    from tensorboard.compat.proto import event_pb2
+
+    keys = describe([get_adapter(a) for a in GRPO_ADAPTERS])
+    _, sink = publish(tmp_path, grpo_run(steps=4))
+    acc = load(sink.path)
+    described = 0
+    for tag in acc.Tags()["scalars"]:
+        description = acc.SummaryMetadata(tag).summary_description
+        if tag in keys:  # the declaration's meaning (catalogue data), then how it is reduced
+            meaning = keys[tag].metric.meaning
+            assert meaning and re.fullmatch(re.escape(meaning) + r" \(.+ over chunks and ranks\)", description), tag
+            described += 1
+        else:  # a label indicator
+            parent, _, label = tag.rpartition("/")
+            assert label in keys[parent].metric.labels
+            assert description == f"1 when `{parent}` is `{label}` at this step, else 0"
+    assert described >= 30
+    text = acc.SummaryMetadata("optim/update_outcome").summary_description
+    assert text.startswith(keys["optim/update_outcome"].metric.meaning)
+    # the description travels once per tag: with its first point only (the raw records: TensorBoard's
+    # loader adds metadata to every legacy scalar it reads)
+    with_metadata: dict[str, int] = {}
+    for data in records(sink.path):
+        for value in event_pb2.Event.FromString(data).summary.value:
+            if value.HasField("metadata") and value.tag != layout_metadata.CONFIG_SUMMARY_TAG:
+                with_metadata[value.tag] = with_metadata.get(value.tag, 0) + 1
+    assert set(with_metadata.values()) == {1}, {t: n for t, n in with_metadata.items() if n != 1}
+
+
+def test_run_aggregates_are_hparams_session_metrics_not_series_of_the_run(tmp_path):
+    _, sink = publish(tmp_path, hand_frames())
+    run_tags = load(sink.path).Tags()["scalars"]
+    assert run_tags and not [t for t in run_tags if t.startswith(AGGREGATE_PREFIX)]
+    acc, start, end = hparams_session(sink.path)
+    assert sorted(acc.Tags()["scalars"]) == sorted(AGGREGATE_PREFIX + k for k in HAND_RUN)
+    assert all(len(acc.Scalars(t)) == 1 for t in acc.Tags()["scalars"])  # one value per metric
+    assert start.group_name == sink.path.name and end.status == api_pb2.STATUS_SUCCESS

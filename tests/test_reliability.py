@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 
 import pytest
 from _mlflow_server import SERVER_STORES, free_port, start_server, stop_server
-from _runs import GRPO_ADAPTERS, grpo_chunk, tracked
+from _runs import GRPO_ADAPTERS, grpo_chunk, tensorboard_run, tracked
 from mlflow import MlflowClient
 
 from posttrain_metrics import Frame, MetricReducer
@@ -381,13 +381,13 @@ def assert_trackers_hold(out: Path, journal: Any, status: str) -> None:
 
     pub = Publisher([], adapters=journal.adapters)
     want = expected_series(journal.frames, pub)
-    tb = tensorboard_series(out / "tensorboard")
+    tb = tensorboard_series(tensorboard_run(out))
     assert set(tb) == set(want)
     for key, points in want.items():
         assert tb[key] == [(s, f32(v)) for s, v in points], key  # every step once, float32 values
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    acc = EventAccumulator(str(out / "tensorboard" / "hparams"))
+    acc = EventAccumulator(str(tensorboard_run(out) / "hparams"))
     acc.Reload()
     content = acc.PluginTagToContent(hparams_metadata.PLUGIN_NAME)
     start = hparams_metadata.parse_session_start_info_plugin_data(content[hparams_metadata.SESSION_START_INFO_TAG])

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _runs import tensorboard_run
 
 from posttrain_metrics import MetricsError
 from posttrain_metrics.callbacks import MetricsCallback
@@ -154,7 +155,7 @@ def test_samples_reach_every_tracker_through_the_publisher_process(tmp_path: Pat
         table = json.loads(Path(client.download_artifacts(run_id, path, str(tmp_path / f"dl{step}"))).read_text())
         assert table["columns"] == COLUMNS and table["data"] == want[step]
 
-    events = EventAccumulator(str(out / "tensorboard"), size_guidance={"tensors": 0, "histograms": 0})
+    events = EventAccumulator(str(tensorboard_run(out)), size_guidance={"tensors": 0, "histograms": 0})
     events.Reload()
     texts = {e.step: e.tensor_proto.string_val[0].decode() for e in events.Tensors("samples/completions")}
     assert sorted(texts) == [1, 2]

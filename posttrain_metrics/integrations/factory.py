@@ -35,7 +35,9 @@ SINK_TYPES: dict[str, tuple[str, str, str | None, str]] = {
     "memory": ("posttrain_metrics.integrations.memory", "MemorySink", None, ""),
     "wandb": ("posttrain_metrics.integrations.wandb", "WandbSink", "dir", "."),
     "mlflow": ("posttrain_metrics.integrations.mlflow", "MlflowSink", "dir", "."),
-    "tensorboard": ("posttrain_metrics.integrations.tensorboard", "TensorBoardSink", "log_dir", "tensorboard"),
+    # one directory per run (TensorBoard's run), so that runs into one out_dir never mix their points
+    "tensorboard": ("posttrain_metrics.integrations.tensorboard", "TensorBoardSink", "log_dir",
+                    "tensorboard/{name}-{run_id}"),
 }
 
 
@@ -193,7 +195,7 @@ def build_sink(spec: Mapping[str, Any] | Sink, *, out_dir: str | os.PathLike[str
     """A sink from ``{"type": ..., **options}``; a sink object passes through unchanged.
 
     Without an explicit path option, file-backed sinks write under ``out_dir`` (``journal.jsonl``,
-    ``tensorboard/``, ``mlflow.db``, ``wandb/``).
+    ``tensorboard/<name>-<run id>/``, ``mlflow.db``, ``wandb/``).
     """
     if not isinstance(spec, Mapping):
         if isinstance(spec, Sink):

@@ -1,20 +1,27 @@
 """The TensorBoard sink: event files written with TensorBoard's own writer; no torch, no TensorFlow.
 
 ``TensorBoardSink(log_dir=...)`` writes one run into ``log_dir`` (``{name}`` and ``{run_id}`` in the
-path are filled in at start); point ``tensorboard --logdir`` at its parent to compare runs. What the
-dashboard then shows:
+path are filled in at start); point ``tensorboard --logdir`` at its parent to compare runs. The
+callback's default, ``{"type": "tensorboard"}``, is ``<out_dir>/tensorboard/{name}-{run_id}``: one
+directory (one TensorBoard run) per run, so a second run into the same ``out_dir`` never mixes its
+points with the first, and a resumed run (same id, even under another name) goes on in its own
+directory. ``posttrain-metrics export --to tensorboard`` writes the same directory by default. What
+the dashboard then shows:
 
 - **Scalars.** Every numeric key of a step under its own tag (``train/loss_avg``,
   ``train/grad_norm``, ``optim/optimizer_step`` ...), all of a step's keys in *one* event: one
   record, one checksum and one queue hand-off per step instead of one per key. The first point of
-  each tag carries the catalogue's meaning, unit and reduction as the chart's description. Each
-  categorical key also charts as one 0/1 series per label (``optim/update_outcome/skipped``).
+  each tag (only it) carries the catalogue's meaning, unit and reduction as the chart's
+  description. Each categorical key also charts as one 0/1 series per label (``optim/update_outcome/skipped``).
   A key a step did not publish has no point at that step: PPO's critic-only warmup iterations
   leave the policy charts empty there, never zero.
 - **Text.** The label of each categorical key at each step (``optim/update_outcome``:
   ``skipped``), and the run's config (flattened, secrets redacted) as a table under ``config``,
   written at start so that a killed run shows it too.
-- **Custom scalars.** A layout derived from the catalogue, so the dashboard opens organised:
+- **Custom scalars.** A layout derived from the catalogue, so the dashboard opens organised, listing
+  only the tags the run has written: it is written with the first step and again, in the step's
+  event, whenever a charted tag is first written (TensorBoard shows a run's latest layout), so no
+  chart opens empty and the layout grows as keys appear:
   first ``<ALGO> headline`` (the keys the catalogue marks as headline: loss, reward, pre-clip
   gradient norm, informative groups, KL, the update outcome), expanded; then one collapsed
   category per topic: a key's declared family (``GRPO logprob gap``); a leaf prefix shared by at
@@ -25,13 +32,14 @@ dashboard then shows:
   ``timer/*``). One chart per key; ``train/`` and ``val/`` of one leaf share a chart;
   ``<x>_mean`` with ``<x>_min`` and ``<x>_max`` is one band chart; a categorical key is one chart
   of its label series. A user's own adapter is laid out by the same rules from its declarations.
-  Keys a run never publishes (score centering when it is off) leave empty charts in collapsed
-  categories.
-- **HParams.** At close, a session in ``<log_dir>/hparams`` with the config as hyperparameters
+  Keys a run never publishes (score centering when it is off) have no chart.
+- **HParams.** At close, a session in ``<log_dir>/hparams``, its group named after the run (the
+  run's directory name), with the config as hyperparameters
   (plus ``adapters``), the status (success, or failure when the run failed) and, as its metrics,
   the run aggregate of every key under ``run/<key>``: computed with each key's own semantics
   (token-weighted means over the whole run, totals for sums, the run's maximum and minimum, the
   last value of counters, the number of steps per outcome label), not TensorBoard's last value.
+  They are the session's metrics in the hparams view; the run's own series hold none of them.
   No experiment summary is written, so TensorBoard takes the union of every run's hyperparameters
   and the runs of one logdir compare side by side.
 
@@ -51,8 +59,10 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import glob
 import itertools
 import math
+import operator
 import os
 import re
 import socket
@@ -85,6 +95,7 @@ __all__ = [
     "Chart",
     "TensorBoardSink",
     "dashboard_layout",
+    "written_layout",
 ]
 
 INSTALL = "pip install 'posttrain-metrics[tensorboard]'"
@@ -122,6 +133,8 @@ class Chart:
     title: str
     tags: tuple[str, ...] = ()
     bands: tuple[tuple[str, str, str], ...] = ()
+    keys: tuple[str, ...] = ()
+    """The tags a multiline chart matches (what ``tags`` says as regexes), for :func:`written_layout`."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,8 +172,9 @@ class _Unit:
         labels = self.metric.labels
         if labels:
             pattern = f"^(?:{alternatives})/(?:{'|'.join(re.escape(lab) for lab in labels)})$"
-            return Chart(f"{self._title(keys)} (1 = label of the step)", tags=(pattern,))
-        return Chart(self._title(keys), tags=(f"^(?:{alternatives})$",))
+            return Chart(f"{self._title(keys)} (1 = label of the step)", tags=(pattern,),
+                         keys=tuple(f"{k}/{lab}" for k in keys for lab in labels))
+        return Chart(self._title(keys), tags=(f"^(?:{alternatives})$",), keys=tuple(keys))
 
     def _title(self, keys: list[str]) -> str:
         if len(keys) == 1:
@@ -278,6 +292,34 @@ def dashboard_layout(keys: Mapping[str, KeyInfo], adapters: Sequence[str]) -> li
     return out
 
 
+def written_layout(categories: Sequence[Category], written: Iterable[str]) -> list[Category]:
+    """``categories`` restricted to the ``written`` tags: a multiline chart lists only its tags that
+    were written (its regex rebuilt over them), a band chart keeps the bands whose three tags were,
+    a chart or category left with nothing is dropped. So no chart opens empty.
+
+    >>> layout = [Category("c", (Chart("x", tags=("^(?:a|b)$",), keys=("a", "b")), Chart("y", keys=("c",))))]
+    >>> written_layout(layout, {"b"})  # doctest: +NORMALIZE_WHITESPACE
+    [Category(title='c', charts=(Chart(title='x', tags=('^(?:b)$',), bands=(), keys=('b',)),), closed=True)]
+    """
+    done = set(written)
+    out: list[Category] = []
+    for category in categories:
+        charts: list[Chart] = []
+        for chart in category.charts:
+            if chart.bands:
+                bands = tuple(b for b in chart.bands if all(t in done for t in b))
+                if bands:
+                    charts.append(dataclasses.replace(chart, bands=bands))
+                continue
+            keys = tuple(k for k in chart.keys if k in done)
+            if keys:
+                charts.append(dataclasses.replace(chart, keys=keys,
+                                                  tags=(f"^(?:{'|'.join(re.escape(k) for k in keys)})$",)))
+        if charts:
+            out.append(dataclasses.replace(category, charts=tuple(charts)))
+    return out
+
+
 # -- the sink ------------------------------------------------------------------------------------
 
 
@@ -351,11 +393,18 @@ def _crc32c() -> Callable[[bytes], int]:
 _UID = itertools.count()
 _Q = struct.Struct("<Q")
 _D = struct.Struct("<d")
+_WALL = struct.Struct("<Bd")
 _F = struct.Struct("<f")
 _I = struct.Struct("<I")
 
 
+_SMALL = [bytes((n,)) for n in range(0x80)]
+_STEPS = [b"\x10" + bytes((n,)) for n in range(0x80)]
+
+
 def _varint(n: int) -> bytes:
+    if n < 0x80:
+        return _SMALL[n]
     out = bytearray()
     while True:
         bits = n & 0x7F
@@ -377,28 +426,117 @@ class _EventFile:
         self.path = log_dir / name
         self._crc = tb.crc32c
         self._file = open(self.path, "wb")  # noqa: SIM115 - held for the run
+        self._pending: list[bytes] = []
         version = tb.event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2")
         self.add(version.SerializeToString())
         self.flush()
 
-    def _masked(self, data: bytes) -> bytes:
-        crc = self._crc(data)
-        return _I.pack((((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF)
-
     def add(self, data: bytes) -> None:
+        """Frame one record (length, its masked CRC, data, its masked CRC); it is written at the next
+        ``flush`` (one write per batch)."""
+        crc = self._crc
         header = _Q.pack(len(data))
-        self._file.write(b"".join((header, self._masked(header), data, self._masked(data))))
+        h, d = crc(header), crc(data)
+        self._pending.append(b"".join((header, _I.pack((((h >> 15) | (h << 17)) + 0xA282EAD8) & 0xFFFFFFFF), data,
+                                       _I.pack((((d >> 15) | (d << 17)) + 0xA282EAD8) & 0xFFFFFFFF))))
 
     def add_event(self, event: Any) -> None:
         self.add(event.SerializeToString())
 
     def flush(self) -> None:
+        if self._pending:
+            self._file.write(b"".join(self._pending))
+            self._pending.clear()
         self._file.flush()
 
     def close(self) -> None:
         if not self._file.closed:
-            self._file.flush()
+            self.flush()
             self._file.close()
+
+
+_MAX_ENCODINGS = 256  # frames of ever new key sets are encoded value by value
+
+
+class _Encoding:
+    """The ``Summary`` bytes of frames with one set of keys, in one order, as one ``struct`` format.
+
+    A scalar value is a tiny fixed protobuf (``0a <len> 0a <len> <tag> 15 <float32>``): everything
+    up to the float is the tag's constant prefix. A label's text value is constant bytes per (key,
+    label) once its tag is described. So a frame is its numbers packed between constant byte strings:
+    one ``Struct.pack`` per frame, with one format per combination of labels (``formats``). The
+    bytes are those of the value-by-value encoding, which any frame falls back to: when a tag is new,
+    a label's text is not built yet, a number is beyond float32 (warned and stored as inf there) or
+    a value changes type.
+    """
+
+    def __init__(self, names: tuple[str, ...], prefixes: tuple[bytes, ...],
+                 numbers: Callable[[Any], tuple[Any, ...]], texts: tuple[tuple[str, int, int], ...]) -> None:
+        self.names = names
+        self.prefixes = prefixes  # per number, its tag's prefix
+        self.numbers = numbers  # the numbers of a frame's values
+        self.texts = texts  # (key, position among the values, index of the number it precedes)
+        self.count = len(prefixes)
+        at = [i for _, i, _ in texts]
+        self.labels: Callable[[Any], tuple[Any, ...]] = (
+            operator.itemgetter(*at) if len(at) > 1 else (lambda values: (values[at[0]],)) if at else (lambda values: ()))
+        self.formats: dict[tuple[Any, ...], tuple[struct.Struct, list[Any]]] = {}
+
+    @classmethod
+    def of(cls, names: tuple[str, ...], metrics: Mapping[str, Scalar], prefixes: Mapping[str, bytes]
+           ) -> _Encoding | None:
+        """The encoding of frames with ``metrics``' keys, or None when a key has no prefix yet."""
+        numbers: list[int] = []
+        tags: list[bytes] = []
+        labels: list[tuple[str, int, int]] = []
+        for i, (key, value) in enumerate(metrics.items()):
+            if isinstance(value, str):
+                labels.append((key, i, len(numbers)))
+                continue
+            prefix = prefixes.get(key)
+            if prefix is None:
+                return None
+            numbers.append(i)
+            tags.append(prefix)
+        getter: Callable[[Any], tuple[Any, ...]]
+        if len(numbers) == 1:
+            only = numbers[0]
+            getter = lambda values: (values[only],)  # noqa: E731
+        else:
+            getter = operator.itemgetter(*numbers) if numbers else (lambda values: ())
+        return cls(names, tuple(tags), getter, tuple(labels))
+
+    def encode(self, values: tuple[Scalar, ...], texts: Mapping[tuple[str, str], bytes]) -> bytes | None:
+        """The frame's bytes, or None when it does not fit this encoding (see the class docstring)."""
+        labels = self.labels(values) if self.texts else ()
+        compiled = self.formats.get(labels)
+        if compiled is None:
+            compiled = self._compile(labels, texts)
+            if compiled is None:
+                return None
+        layout, args = compiled
+        args[1 : 2 * self.count : 2] = self.numbers(values)
+        try:
+            data: bytes = layout.pack(*args)
+        except (struct.error, OverflowError):
+            return None
+        return data
+
+    def _compile(self, labels: tuple[Any, ...], texts: Mapping[tuple[str, str], bytes]
+                 ) -> tuple[struct.Struct, list[Any]] | None:
+        before: dict[int, list[bytes]] = {}
+        for (key, _, at), label in zip(self.texts, labels):
+            text = texts.get((key, label)) if isinstance(label, str) else None
+            if text is None:
+                return None
+            before.setdefault(at, []).append(text)
+        pieces = [b"".join(before.get(j, ())) + prefix for j, prefix in enumerate(self.prefixes)]
+        tail = b"".join(before.get(self.count, ()))
+        fmt = "<" + "".join(f"{len(p)}sf" for p in pieces) + (f"{len(tail)}s" if tail else "")
+        args: list[Any] = [x for p in pieces for x in (p, 0.0)] + ([tail] if tail else [])
+        if len(self.formats) < _MAX_ENCODINGS:
+            self.formats[labels] = (struct.Struct(fmt), args)
+        return struct.Struct(fmt), args
 
 
 class TensorBoardSink:
@@ -407,8 +545,9 @@ class TensorBoardSink:
     ``log_dir`` is the run's own directory (point TensorBoard at its parent to compare runs);
     ``{name}`` and ``{run_id}`` in it are replaced by the run's name and id at start. ``flush`` is
     ``"step"`` (after every frame) or N (once the frames since the last flush span N steps); files
-    are always flushed at close. ``layout`` writes the custom-scalars layout at start, ``hparams``
-    the hparams session with the run aggregates at close.
+    are always flushed at close. ``layout`` writes the custom-scalars layout of the tags written (with
+    the first step, again as it grows), ``hparams`` the hparams session with the run aggregates at
+    close.
     """
 
     name = "tensorboard"
@@ -445,6 +584,12 @@ class TensorBoardSink:
         self._overflow_warned: set[str] = set()
         self._prefix: dict[str, bytes] = {}  # a scalar tag's bytes up to its float
         self._texts: dict[tuple[str, str], bytes] = {}  # a label's bytes, after the first with its metadata
+        self._encodings: dict[tuple[str, ...], _Encoding | None] = {}  # a frame's keys -> its encoding
+        self._current: _Encoding | None = None  # the last frame's
+        self._layout: list[Category] = []  # the catalogue's layout, every chart
+        self._chartable: set[str] = set()  # the tags it charts
+        self._charted: set[str] = set()  # those written so far
+        self._layout_stale = False  # a charted tag was first written since the layout was
         self._unflushed = 0
         self._last_step = 0
 
@@ -454,18 +599,25 @@ class TensorBoardSink:
         tb = _import_tensorboard()
         if self._writer is not None:
             raise MetricsError(f"tensorboard sink for {self.path} already started; fix: close() it first")
-        path = self._resolve(run.name, run.run_id)
+        path = self.resolve(run.name, run.run_id)
         self._tb, self._run, self.path = tb, run, path
         self._summary = RunSummary(run.keys)
         self._described.clear()
         self._prefix.clear()
         self._texts.clear()
+        self._encodings.clear()
+        self._current = None
         self._unflushed = 0
         self._last_step = 0
         self._writer = _EventFile(path, tb)
+        # The layout is written with the first frame and again whenever a charted tag is first
+        # written (TensorBoard shows a run's latest layout): it lists only tags the run has.
+        self._layout = dashboard_layout(run.keys, run.adapters) if self.layout else []
+        self._chartable = {t for c in self._layout for chart in c.charts
+                           for t in (*chart.keys, *(t for band in chart.bands for t in band))}
+        self._charted.clear()
+        self._layout_stale = False
         values = [self._text_value(CONFIG_TAG, _config_table(run), "The run's config (flattened, redacted)")]
-        if self.layout:
-            values.append(self._layout_value(dashboard_layout(run.keys, run.adapters)))
         self._writer.add_event(self._event(0, run.started, values))
         self._writer.flush()
 
@@ -486,20 +638,59 @@ class TensorBoardSink:
             self._writer.add_event(self._event(samples.step, samples.wall_time or time.time(), values))
             self._writer.flush()
 
-    def _resolve(self, name: str, run_id: str) -> Path:
-        # Placeholders take folder-safe values: a run name or id cannot lead the path elsewhere.
-        return Path(str(self.log_dir).replace("{name}", safe_name(name)).replace("{run_id}", safe_name(run_id)))
+    def resolve(self, name: str, run_id: str) -> Path:
+        """``log_dir`` with its placeholders filled in. Placeholders take folder-safe values: a run
+        name or id cannot lead the path elsewhere. A run resumed (same id) under another name finds
+        the directory of its id when ``log_dir`` has both placeholders and exactly one matches."""
+        template = str(self.log_dir)
+        path = Path(template.replace("{name}", safe_name(name)).replace("{run_id}", safe_name(run_id)))
+        if "{name}" in template and "{run_id}" in template and not path.exists():
+            pattern = "*".join(glob.escape(part.replace("{run_id}", safe_name(run_id)))
+                               for part in template.split("{name}"))
+            found = [Path(p) for p in glob.glob(pattern) if Path(p).is_dir()]
+            if len(found) == 1:
+                return found[0]
+        return path
 
     def write(self, frame: Frame) -> None:
-        """One event per frame, encoded directly: each tag's bytes are built once per run, a point
-        adds its float (the first point of a tag, and labels, go through the proto classes)."""
+        """One event per frame, encoded directly (see :class:`_Encoding`): a frame with the keys of an
+        earlier one is one ``struct.pack``; the first point of a tag, a label's first text and a
+        value beyond float32 go through the proto classes."""
         writer, summary, run = self._writer, self._summary, self._run
         if writer is None or summary is None or run is None:
             raise MetricsError("tensorboard sink is not open; fix: call start() before write()")
+        m = frame.metrics
+        names = tuple(m)
+        encoding = self._current
+        if encoding is None or encoding.names != names:  # the keys of the last frame, most often
+            encoding = self._current = self._encodings.get(names)
+        body = encoding.encode(tuple(m.values()), self._texts) if encoding is not None else None
+        if body is None:
+            body = self._encode(m, run.keys)
+            if encoding is None and len(self._encodings) < _MAX_ENCODINGS:
+                self._encodings[names] = _Encoding.of(names, m, self._prefix)
+        if self._layout_stale:  # the layout grew: written again, in this step's event
+            self._layout_stale = False
+            layout = self._layout_value(written_layout(self._layout, self._charted)).SerializeToString()
+            body += b"\x0a" + _varint(len(layout)) + layout
+        step = frame.step
+        writer.add(b"".join((_WALL.pack(9, frame.wall_time or time.time()),
+                             _STEPS[step] if 0 <= step < 0x80 else b"\x10" + _varint(step & 0xFFFFFFFFFFFFFFFF),
+                             b"\x2a", _varint(len(body)), body)))
+        summary.add(frame, names)
+        if frame.step > self._last_step:
+            self._last_step = frame.step
+        self._unflushed += 1
+        if self._unflushed >= self._every:
+            writer.flush()
+            self._unflushed = 0
+
+    def _encode(self, metrics: Mapping[str, Scalar], keys: Mapping[str, KeyInfo]) -> bytes:
+        """A frame's ``Summary`` bytes, value by value (each tag's bytes are built once per run)."""
         parts: list[bytes] = []
         prefixes = self._prefix
         pack = _F.pack
-        for key, value in frame.metrics.items():
+        for key, value in metrics.items():
             prefix = prefixes.get(key)
             if prefix is not None and not isinstance(value, str):
                 try:
@@ -512,24 +703,13 @@ class TensorBoardSink:
             if isinstance(value, str):  # a label: its bytes are built once per (key, label)
                 text = self._texts.get((key, value))
                 if text is None:
-                    text = self._first_value(key, value, run.keys)
+                    text = self._first_value(key, value, keys)
                     if key in self._described:
-                        self._texts[(key, value)] = self._first_value(key, value, run.keys)
+                        self._texts[(key, value)] = self._first_value(key, value, keys)
                 parts.append(text)
                 continue
-            parts.append(self._first_value(key, value, run.keys))
-        body = b"".join(parts)
-        wall_time = frame.wall_time or time.time()
-        event = b"".join((b"\x09", _D.pack(wall_time), b"\x10", _varint(frame.step & 0xFFFFFFFFFFFFFFFF),
-                          b"\x2a", _varint(len(body)), body))
-        writer.add(event)
-        summary.add(frame)
-        if frame.step > self._last_step:
-            self._last_step = frame.step
-        self._unflushed += 1
-        if self._unflushed >= self._every:
-            writer.flush()
-            self._unflushed = 0
+            parts.append(self._first_value(key, value, keys))
+        return b"".join(parts)
 
     def _first_value(self, key: str, value: Scalar, keys: Mapping[str, KeyInfo]) -> bytes:
         """A value through the proto classes (a label's text, a tag's first point with its
@@ -543,6 +723,9 @@ class TensorBoardSink:
                 self._overflow(key, number)
                 number = math.copysign(math.inf, number)
             v = tb.summary_pb2.Summary.Value(tag=key, simple_value=number)
+            if key in self._chartable and key not in self._charted:
+                self._charted.add(key)
+                self._layout_stale = True
             if key not in self._described:
                 self._described.add(key)
                 v.metadata.CopyFrom(tb.scalar_metadata.create_summary_metadata("", _description(key, keys)))
@@ -590,7 +773,7 @@ class TensorBoardSink:
 
     def held_points(self, run_id: str, name: str, keys: Iterable[str]) -> Any:
         """The (tag, step) points the log dir already holds (read back with ``EventAccumulator``)."""
-        return tensorboard_points(self._resolve(name, run_id))
+        return tensorboard_points(self.resolve(name, run_id))
 
     def run_handles(self) -> dict[str, Any]:
         return {"log_dir": str(self.path.resolve()) if self.path is not None else None}
@@ -636,7 +819,8 @@ class TensorBoardSink:
         hparams: dict[str, Scalar] = dict(run.config)
         hparams.setdefault("adapters", ",".join(run.adapters))
         hparams[STATUS_HPARAM] = status
-        session_start = tb.hparams_summary.hparams_pb(hparams, start_time_secs=run.started)
+        # the session's group is named after the run (its directory: name and id)
+        session_start = tb.hparams_summary.hparams_pb(hparams, trial_id=path.name, start_time_secs=run.started)
         aggregates = [
             tb.summary_pb2.Summary.Value(tag=f"{AGGREGATE_PREFIX}{key}", simple_value=float(value))
             for key, value in summary.values().items()
