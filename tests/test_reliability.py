@@ -540,6 +540,32 @@ def test_a_planted_secret_is_in_no_byte_any_backend_stored(tmp_path: Path, mlflo
             assert secret not in stored, f"{secret!r} is in MLflow run {handles}"
 
 
+def test_the_publisher_status_file_holds_no_tracking_uri_password(tmp_path: Path, mlflow_server: str) -> None:
+    """``<journal>.publisher.json`` (the publisher's progress and the trackers' run handles, readable by
+    others) shows a tracking URI with its password redacted; the publisher itself used the real URI
+    (the run is on the server, every step read back)."""
+    password = "PLANTED-STATUS-PW-3c9d"
+    host = urlsplit(mlflow_server).netloc
+    root = tmp_path / "run"
+    sink = MlflowSink(tracking_uri=f"http://bob:{password}@{host}", experiment=f"status-{uuid.uuid4().hex[:8]}")
+    pub = Publisher([JournalSink(root / "journal.jsonl"), sink], adapters=GRPO_ADAPTERS, run_id="statusrun01")
+    assert pub.in_child == [sink]  # fed by the publisher process, which writes the status file
+    pub.start({})
+    loop = Loop(pub)
+    for _ in range(5):
+        loop.step()
+    pub.close()
+    assert pub.failures == {}
+    status = root / "journal.jsonl.publisher.json"
+    text = status.read_text()
+    assert password not in text, text
+    handles = json.loads(text)["sinks"]["mlflow"]["handles"]
+    assert handles["tracking_uri"] == f"http://bob:***REDACTED***@{host}", handles
+    assert pub.run_handles()["mlflow"] == handles  # what the trainer sees is the same, redacted
+    history = MlflowClient(mlflow_server).get_metric_history(handles["run_id"], "train/loss_avg")
+    assert sorted(m.step for m in history) == [1, 2, 3, 4, 5]
+
+
 # -- 5. a hostile journal -----------------------------------------------------------------------------------
 
 FRAME = {"kind": "frame", "run_id": "hostile01", "step": 1, "phase": "train", "time": 1.7e9,

@@ -29,6 +29,7 @@ from typing import Any
 from ..core.errors import MetricsError
 from ..core.frame import Frame
 from ..core.keys import KeyInfo
+from ..core.redact import redact_tree
 from ..integrations.base import Points, Sink
 from ..journal import JournalTail, Record, journal_closed, last_header
 from .publisher import Publisher, display_frame, nonfinite_kind
@@ -203,9 +204,10 @@ class Replica:
             self.publisher.close(status=status)
 
     def handles(self) -> dict[str, Any]:
-        """The tracker's own names for this run (W&B run id and URL, MLflow run id, log dir)."""
+        """The tracker's own names for this run (W&B run id and URL, MLflow run id, log dir), redacted:
+        they go to the status file, which other users may read (a tracking URI may hold a password)."""
         get: Callable[[], dict[str, Any]] | None = getattr(self.sink, "run_handles", None)
-        return get() if get is not None and self.publisher is not None else {}
+        return dict(redact_tree(get())) if get is not None and self.publisher is not None else {}
 
 
 # -- the loop -----------------------------------------------------------------------------------------
