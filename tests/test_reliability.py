@@ -4,8 +4,10 @@ journals.
 - A real MLflow server is SIGKILLed mid-run and restarted later on the same port and store; the
   loop never waits for it, and every step ends up in ``get_metric_history`` exactly once.
 - A slow proxy answers every MLflow request after 2 s: 20 training steps still take well under 5 s.
-- A training process is SIGKILLed at a random step: the journal holds every step before the kill,
-  and ``posttrain-metrics export`` brings TensorBoard and the MLflow store to exactly its content.
+- A training process is SIGKILLed at a random step (a new seed each run, in every failure message;
+  ``KILL_SEED=<seed>`` replays one): the publisher process drains the journal into TensorBoard, MLflow
+  and W&B, each holds every step exactly once and marks the run killed. The publisher process is
+  SIGKILLed at a random step: the callback restarts it and every tracker ends complete.
 - A secret planted in the run config is in no byte any backend stored.
 - A hostile journal given to ``export`` and ``doctor`` is refused clearly and writes nothing outside.
 
@@ -14,6 +16,7 @@ Figures (steps while down, publish times, recovery, overhead) are printed; run w
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import http.server
 import json
@@ -302,7 +305,20 @@ def test_a_tracker_that_answers_after_2_s_costs_the_steps_nothing(tmp_path: Path
 
 # -- 3. the training process, or the publisher process, is SIGKILLed at a random step ----------------------
 
-KILL_SEED = 6
+KILL_SEED = int(os.environ.get("KILL_SEED") or random.SystemRandom().randrange(1 << 32))
+"""Where the trainer and the publisher are killed: new each run (so runs cover different steps)."""
+
+
+@contextlib.contextmanager
+def replayable(seed: int) -> Iterator[None]:
+    """Any assertion failing inside names the seed and how to replay it."""
+    try:
+        yield
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n[kill seed {seed}; replay: KILL_SEED={seed} pytest tests/test_reliability.py]") \
+            from exc
+
+
 TRAIN = """
 import random, sys, time
 sys.path.insert(0, {tests!r})
@@ -417,73 +433,77 @@ def test_a_trainer_killed_at_a_random_step_leaves_every_tracker_complete_and_the
     out = tmp_path / "run"
     script = tmp_path / "train.py"
     script.write_text(TRAIN.format(tests=str(TESTS)))
-    kill_step = random.Random(KILL_SEED).randint(5, 40)
+    kill_step = random.Random(KILL_SEED).randint(1, 60)
     journal_path = out / "journal.jsonl"
     log = tmp_path / "train.stderr"
-    proc = subprocess.Popen([sys.executable, str(script), str(out), "100000", "0.01"], stdout=subprocess.DEVNULL,
-                            stderr=open(log, "wb"))  # noqa: SIM115
-    try:
-        wait_for(f"{kill_step} frames", lambda: frames_in(journal_path) >= kill_step, 90, proc, log)
-        os.kill(proc.pid, signal.SIGKILL)
-        assert proc.wait(10) == -signal.SIGKILL
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    wait_for("the publisher's report", lambda: publisher_status(journal_path).get("pid"), 60)
-    publisher = int(publisher_status(journal_path)["pid"])
-    wait_for("the publisher to drain and exit", lambda: not pid_alive(publisher), 120)
-    status = publisher_status(journal_path)
-    assert status["state"] == "closed" and status["status"] == "killed", status
+    with replayable(KILL_SEED):
+        proc = subprocess.Popen([sys.executable, str(script), str(out), "100000", "0.01"],
+                                stdout=subprocess.DEVNULL, stderr=open(log, "wb"))  # noqa: SIM115
+        try:
+            wait_for(f"{kill_step} frames", lambda: frames_in(journal_path) >= kill_step, 90, proc, log)
+            os.kill(proc.pid, signal.SIGKILL)
+            assert proc.wait(10) == -signal.SIGKILL
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        wait_for("the publisher's report", lambda: publisher_status(journal_path).get("pid"), 60)
+        publisher = int(publisher_status(journal_path)["pid"])
+        wait_for("the publisher to drain and exit", lambda: not pid_alive(publisher), 120)
+        status = publisher_status(journal_path)
+        assert status["state"] == "closed" and status["status"] == "killed", status
 
-    with warnings.catch_warnings(record=True):
-        warnings.simplefilter("always")
-        journal = read_journal(journal_path)
-    steps = [f.step for f in journal.frames]
-    assert steps == list(range(1, len(steps) + 1)) and len(steps) >= kill_step  # every step before the kill
-    assert journal.end is None  # killed: no end record
-    assert_trackers_hold(out, journal, "killed")
-    for kind in ("tensorboard", "mlflow"):  # nothing left for export to do
-        assert main(["export", str(journal_path), "--to", kind, "--quiet"]) == 0
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            journal = read_journal(journal_path)
+        steps = [f.step for f in journal.frames]
+        assert steps == list(range(1, len(steps) + 1)) and len(steps) >= kill_step  # every step before the kill
+        assert journal.end is None  # killed: no end record
+        assert_trackers_hold(out, journal, "killed")
+        for kind in ("tensorboard", "mlflow"):  # nothing left for export to do
+            assert main(["export", str(journal_path), "--to", kind, "--quiet"]) == 0
     figure(f"trainer SIGKILL at step {kill_step} (seed {KILL_SEED}); journal holds steps 1-{len(steps)}; the "
            f"publisher drained them into TensorBoard, MLflow and W&B and marked the run killed")
 
 
 def test_a_killed_publisher_is_restarted_and_every_tracker_ends_complete(tmp_path: Path) -> None:
-    """SIGKILL of the publisher process: training goes on, the callback warns once and restarts it,
-    the new one resumes from what each tracker holds; the run ends finished with every step once."""
+    """SIGKILL of the publisher process at a random step: training goes on, the callback warns once and
+    restarts it, the new one resumes from what each tracker holds; the run ends finished with every
+    step once."""
     out = tmp_path / "run"
     script = tmp_path / "train.py"
     script.write_text(TRAIN.format(tests=str(TESTS)))
     journal_path = out / "journal.jsonl"
     log = tmp_path / "train.stderr"
-    proc = subprocess.Popen([sys.executable, str(script), str(out), "300", "0.05"], stdout=subprocess.DEVNULL,
-                            stderr=open(log, "wb"))  # noqa: SIM115
-    try:
-        def publishing() -> bool:
-            sinks = publisher_status(journal_path).get("sinks", {})
-            return all(sinks.get(name, {}).get("written", 0) >= 3 for name in ("tensorboard", "mlflow", "wandb"))
+    at = random.Random(KILL_SEED + 1).randint(1, 60)  # frames every tracker has taken when it is killed
+    with replayable(KILL_SEED):
+        proc = subprocess.Popen([sys.executable, str(script), str(out), "300", "0.05"], stdout=subprocess.DEVNULL,
+                                stderr=open(log, "wb"))  # noqa: SIM115
+        try:
+            def publishing() -> bool:
+                sinks = publisher_status(journal_path).get("sinks", {})
+                return all(sinks.get(name, {}).get("written", 0) >= at for name in ("tensorboard", "mlflow", "wandb"))
 
-        wait_for("the publisher writing every tracker", publishing, 120, proc, log)
-        first = int(publisher_status(journal_path)["pid"])
-        killed_at = frames_in(journal_path)
-        os.kill(first, signal.SIGKILL)
-        wait_for("a new publisher", lambda: publisher_status(journal_path).get("pid") not in (None, first), 60,
-                 proc, log)
-        assert proc.wait(180) == 0, log.read_text()[-3000:]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    err = log.read_text()
-    assert err.count("the publisher process (pid") == 1 and "Restarted" in err, err[-3000:]  # warned once
-    status = publisher_status(journal_path)
-    assert status["state"] == "closed" and status["status"] == "finished", status
-    journal = read_journal(journal_path)
-    assert [f.step for f in journal.frames] == list(range(1, 301)) and journal.end is not None
-    assert_trackers_hold(out, journal, "finished")
-    figure(f"publisher SIGKILL after step {killed_at}: restarted, resumed from what each tracker held; 300 "
-           f"steps in TensorBoard, MLflow and W&B exactly once")
+            wait_for(f"the publisher writing {at} frames to every tracker", publishing, 120, proc, log)
+            first = int(publisher_status(journal_path)["pid"])
+            killed_at = frames_in(journal_path)
+            os.kill(first, signal.SIGKILL)
+            wait_for("a new publisher", lambda: publisher_status(journal_path).get("pid") not in (None, first), 60,
+                     proc, log)
+            assert proc.wait(180) == 0, log.read_text()[-3000:]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        err = log.read_text()
+        assert err.count("the publisher process (pid") == 1 and "Restarted" in err, err[-3000:]  # warned once
+        status = publisher_status(journal_path)
+        assert status["state"] == "closed" and status["status"] == "finished", status
+        journal = read_journal(journal_path)
+        assert [f.step for f in journal.frames] == list(range(1, 301)) and journal.end is not None
+        assert_trackers_hold(out, journal, "finished")
+    figure(f"publisher SIGKILL after {at} frames in every tracker, step {killed_at} (seed {KILL_SEED}): restarted, "
+           f"resumed from what each tracker held; 300 steps in TensorBoard, MLflow and W&B exactly once")
 
 
 # -- 4. secrets -----------------------------------------------------------------------------------------
