@@ -560,6 +560,36 @@ def test_a_planted_secret_is_in_no_byte_any_backend_stored(tmp_path: Path, mlflo
             assert secret not in stored, f"{secret!r} is in MLflow run {handles}"
 
 
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+def test_the_publisher_process_yields_the_cores_to_the_trainer(tmp_path: Path) -> None:
+    """While the trainer trains, the publisher process (and its threads) runs at SCHED_IDLE where it may
+    leave it again (root or RLIMIT_NICE >= 11), else at nice 10 under the normal policy; every frame
+    still reaches the tracker."""
+    import resource
+
+    root = tmp_path / "run"
+    tb = TensorBoardSink(log_dir=root / "tensorboard")
+    pub = Publisher([JournalSink(root / "journal.jsonl"), tb], adapters=GRPO_ADAPTERS, run_id="yieldrun01")
+    pub.start({})
+    loop = Loop(pub)
+    loop.step()
+    journal = root / "journal.jsonl"
+    wait_for("the publisher's report", lambda: publisher_status(journal).get("sinks", {}).get("tensorboard", {})
+             .get("frames", 0) >= 1, 120)
+    pid = pub.process.pid
+    policies = {os.sched_getscheduler(int(tid)) for tid in os.listdir(f"/proc/{pid}/task")}
+    nice = os.getpriority(os.PRIO_PROCESS, pid)
+    for _ in range(9):
+        loop.step()
+    pub.close()
+    may_leave = os.geteuid() == 0 or resource.getrlimit(resource.RLIMIT_NICE)[0] >= 11
+    if may_leave:
+        assert policies == {os.SCHED_IDLE}, policies
+    else:
+        assert policies == {os.SCHED_OTHER} and nice == 10, (policies, nice)
+    assert [s for s, _ in tensorboard_series(root / "tensorboard")["train/loss_avg"]] == list(range(1, 11))
+
+
 def test_the_publisher_status_file_holds_no_tracking_uri_password(tmp_path: Path, mlflow_server: str) -> None:
     """``<journal>.publisher.json`` (the publisher's progress and the trackers' run handles, readable by
     others) shows a tracking URI with its password redacted; the publisher itself used the real URI
