@@ -44,6 +44,7 @@ from mlflow import MlflowClient
 
 from posttrain_metrics import Frame, MetricReducer
 from posttrain_metrics.cli import main
+from posttrain_metrics.integrations.memory import MemorySink
 from posttrain_metrics.integrations.mlflow import RUN_ID_TAG, MlflowSink
 from posttrain_metrics.integrations.tensorboard import TensorBoardSink
 from posttrain_metrics.integrations.wandb import WandbSink
@@ -558,6 +559,66 @@ def test_a_planted_secret_is_in_no_byte_any_backend_stored(tmp_path: Path, mlflo
         assert run.data.params["uri"] == "postgres://u:***REDACTED***@h/db"
         for secret in SECRETS:
             assert secret not in stored, f"{secret!r} is in MLflow run {handles}"
+
+
+class SlowTracker(MemorySink):
+    """A tracker that takes frames slowly but surely: after each batch it is not ready for ``pause``
+    seconds (a healthy MLflow working through a full backlog); ``dead_after`` frames, never again."""
+
+    def __init__(self, pause: float, dead_after: int | None = None) -> None:
+        super().__init__()
+        self.pause, self.dead_after, self.busy_until, self.taken = pause, dead_after, 0.0, 0
+
+    def ready(self) -> bool:
+        if self.dead_after is not None and len(self.frames) >= self.dead_after:
+            return False
+        return time.monotonic() >= self.busy_until
+
+    def end_batch(self) -> None:
+        if len(self.frames) > self.taken:  # a new batch: busy with it for a while
+            self.taken = len(self.frames)
+            self.busy_until = time.monotonic() + self.pause
+
+
+def closed_journal(path: Path, steps: int) -> None:
+    pub = Publisher([JournalSink(path)], adapters=GRPO_ADAPTERS, run_id="slowrun01", mode="inline")
+    pub.start({})
+    loop = Loop(pub)
+    for _ in range(steps):
+        loop.step()
+    pub.close()
+
+
+def test_a_slow_tracker_is_waited_for_after_the_run_ends_however_long_it_takes(tmp_path: Path) -> None:
+    """The run has ended; the tracker takes a batch of 5 frames every 0.1 s, 0.8 s for the 40: longer
+    than the 0.25 s ``grace`` a tracker gets without progress. Every frame reaches it, none is given up."""
+    from posttrain_metrics.publication.follower import follow
+
+    closed_journal(tmp_path / "journal.jsonl", 40)
+    sink = SlowTracker(pause=0.1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        final = follow(tmp_path / "journal.jsonl", [sink], batch=5, grace=0.25, poll=0.01, report=False,
+                       adapters=GRPO_ADAPTERS)
+    assert [f.step for f in sink.frames] == list(range(1, 41))
+    assert final["status"] == "finished" and final["failures"] == {}, final
+    assert not [w for w in caught if "took no frame" in str(w.message)]
+
+
+def test_a_tracker_that_takes_nothing_after_the_run_ends_is_given_up_with_a_warning(tmp_path: Path) -> None:
+    """The tracker stops taking frames once it holds 10: after ``grace`` seconds without progress the publisher
+    gives it up, counts a failure and names the command that sends the rest; the run still closes."""
+    from posttrain_metrics.publication.follower import follow
+
+    closed_journal(tmp_path / "journal.jsonl", 40)
+    sink = SlowTracker(pause=0.0, dead_after=10)
+    with pytest.warns(UserWarning, match=r"took no frame for 0.2 s .* `posttrain-metrics publish "):
+        final = follow(tmp_path / "journal.jsonl", [sink], batch=5, grace=0.2, poll=0.01, report=False,
+                       adapters=GRPO_ADAPTERS)
+    held = [f.step for f in sink.frames]
+    assert held == list(range(1, len(held) + 1)) and 10 <= len(held) < 40, held  # whole batches, then nothing
+    assert final["failures"] == {"memory": 1}, final
+    assert sink.closed is not None  # closed, with what it has
 
 
 @pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")

@@ -250,6 +250,17 @@ def _step(replica: Replica) -> int:
         return 0
 
 
+def _given_up(replica: Replica, grace: float) -> None:
+    """A replica whose tracker took nothing for ``grace`` seconds at the run's end: counted as a failure
+    of its sink and warned about, with the command that sends the rest."""
+    name = replica.sink.name
+    if replica.publisher is not None:
+        replica.publisher.failures[name] = replica.publisher.failures.get(name, 0) + 1
+    warnings.warn(f"{name}: its tracker took no frame for {grace:g} s after the run ended; the frames of the journal "
+                  f"from line {replica.tail.line_number + 1} on were not sent to it. `posttrain-metrics publish "
+                  f"{replica.path}` sends what it lacks", stacklevel=3)
+
+
 def _parent_gone(parent_pid: int | None) -> bool:
     return parent_pid is not None and os.getppid() != parent_pid
 
@@ -266,7 +277,7 @@ def follow(
     catch_up: float = 30.0,
     batch: int = 512,
     report: bool = True,
-    grace: float = 10.0,
+    grace: float = 30.0,
     adapters: Sequence[Any] | None = None,
 ) -> dict[str, Any]:
     """Feed ``sinks`` from the journal at ``path`` until the run ends; returns the final status.
@@ -315,6 +326,8 @@ def follow(
         handled = [_step(r) for r in replicas]
         moved = sum(handled)
         now = time.monotonic()
+        if moved:
+            gone_since = None  # a tracker that takes frames, however slowly, is waited for
         runs = sum(1 for r in replicas if r.publisher is not None and r.publisher.run is not None)
         if report and (now - last_report > 0.5 or runs != reported_runs):
             last_report, reported_runs = now, runs  # a tracker's run ids are reported as soon as it starts
@@ -348,12 +361,15 @@ def follow(
         if moved:
             continue  # closing: read on until every replica has the end record
         if done or closed:
-            # Nothing more comes. A sink that is not ready (its tracker down, a full backlog) gets a
-            # bounded time to take the rest, then is closed: its close says what it could not send.
+            # Nothing more comes. A sink that is not ready (its tracker down, or a full backlog that
+            # does not move) gets ``grace`` seconds without progress, then is closed: what it lacks is
+            # warned about and left in the journal for `posttrain-metrics publish`.
             gone_since = gone_since or now
             stuck = [r for r in live if r.end is None and not r.ready()]
             if (done and not stuck) or (stuck and now - gone_since > grace):
                 status = closed or next((e for e in ends if e), None) or "killed"
+                for r in stuck:
+                    _given_up(r, grace)
                 break
             nap(min(poll, 0.05))  # the trainer may be waiting in close()
             continue
