@@ -23,8 +23,10 @@ they share the machine's cores), the time to ``close()`` (drain every sink), and
 thread. Cases: all five sinks with MLflow fast; the same with MLflow slow (a stdlib proxy in its own
 process delays every request by ``--delay`` s before forwarding to the same server); then the
 journal with one other sink at a time, to attribute the overhead (``--no-attribution`` skips them).
-Target (issue 7): median overhead under 1 ms per step at K = 60, unchanged within 20 % when MLflow
-is slow.
+Overhead is also given as the median over blocks of (median metrics step - median baseline step) of
+each adjacent pair of blocks, which follows the machine's load as it drifts. Targets (issue 13):
+with the README's default sinks (MLflow on an embedded ``sqlite:///`` store) the overhead is at
+most 1 ms and at most 1.2x the journal-only overhead; unchanged when MLflow is slow or dead.
 
 Before timing, the reducer's frame is checked against ``reduce_metrics`` on the same chunks; after
 each case, every sink is checked to hold every frame (journal lines, TensorBoard events read back
@@ -243,7 +245,7 @@ def interleaved_loop(work: Callable[[], None], windows: list[list[dict[str, obje
     """Blocks of ``block`` baseline steps (torch work only) and ``block`` metrics steps in turn, so
     that both see the same machine load; the sinks are idle when a baseline block starts."""
     reducer = MetricReducer(GRPO_ADAPTERS)
-    out: dict[str, Any] = {"baseline": [], "step": [], "metrics": [], "reduce": [], "publish": []}
+    out: dict[str, Any] = {"baseline": [], "step": [], "metrics": [], "reduce": [], "publish": [], "pairs": []}
     busy = {"baseline": [0.0, 0.0], "metrics": [0.0, 0.0]}  # machine busy and total core-seconds
 
     def metrics_step(i: int, chunks: list[dict[str, object]]) -> tuple[float, float, float, float]:
@@ -275,6 +277,8 @@ def interleaved_loop(work: Callable[[], None], windows: list[list[dict[str, obje
             for name, value in zip(("step", "metrics", "reduce", "publish"), metrics_step(i, windows[i])):
                 out[name].append(value)
         m2 = machine_busy()
+        n = min(block, len(windows) - start)
+        out["pairs"].append(stats(out["step"][-n:])[0] - stats(out["baseline"][-n:])[0])
         for kind, (x, y) in (("baseline", (m0, m1)), ("metrics", (m1, m2))):
             busy[kind][0] += y[0] - x[0]
             busy[kind][1] += y[1] - x[1]
@@ -447,14 +451,20 @@ def main() -> int:
         median, p90 = stats(samples)
         return f"{median * 1e6:.0f} / {p90 * 1e6:.0f}"
 
-    print("| sinks | baseline step | step with metrics | overhead (median) | x journal only | metrics section "
+    pairs = {case: stats(res["pairs"])[0] for case, res in results.items()}
+
+    def times(a: float, b: float) -> float:
+        return a / b if b > 0 else float("nan")
+
+    print("| sinks | baseline step | step with metrics | overhead (median) | x journal only | overhead, median of "
+          "block pairs | x journal only | metrics section "
           "(add x4 + reduce + publish) | of which publish | CPU of other threads per step | CPU of MLflow server, "
           "wandb-core, proxy per step | machine cores busy: baseline / with metrics |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for case, res in results.items():
-        ratio = overhead[case] / journal_only if journal_only > 0 else float("nan")
+        ratio, paired = times(overhead[case], journal_only), times(pairs[case], pairs["journal"])
         print(f"| {labels[case]} | {us(res['baseline'])} | {us(res['step'])} | {overhead[case] * 1e6:.0f} | "
-              f"{ratio:.2f} | {us(res['metrics'])} | {us(res['publish'])} | {res['background_cpu'] * 1e6:.0f} | "
+              f"{ratio:.2f} | {pairs[case] * 1e6:.0f} | {paired:.2f} | {us(res['metrics'])} | {us(res['publish'])} | {res['background_cpu'] * 1e6:.0f} | "
               f"{res['helpers_cpu'] * 1e6:.0f} | "
               f"{res['baseline_cores']:.2f} / {res['cores']:.2f} |")
     print("\nmicroseconds, median / p90. Overhead = median step with metrics minus median baseline step (the "
@@ -489,12 +499,16 @@ def main() -> int:
 
     sqlite = overhead["all-sqlite"]
     print(f"- target median overhead <= 1 ms at K = {k} with the README's default sinks (embedded MLflow): "
-          f"{'met' if sqlite <= 1e-3 else 'MISSED'} ({sqlite * 1e6:.0f} us)")
-    ratio = sqlite / journal_only if journal_only > 0 else float("nan")
+          f"{'met' if sqlite <= 1e-3 else 'MISSED'} ({sqlite * 1e6:.0f} us; median of block pairs "
+          f"{pairs['all-sqlite'] * 1e6:.0f} us)")
+    ratio = times(sqlite, journal_only)
     print(f"- target within 1.2x of the journal-only overhead ({journal_only * 1e6:.0f} us): "
-          f"{'met' if sqlite <= 1.2 * journal_only or sqlite - journal_only < 50e-6 else 'MISSED'} ({ratio:.2f} x)")
+          f"{'met' if sqlite <= 1.2 * journal_only else 'MISSED'} ({ratio:.2f} x; median of block pairs "
+          f"{times(pairs['all-sqlite'], pairs['journal']):.2f} x)")
     for case in ("all-fast", "all-slow", "all-dead"):
-        print(f"- {labels[case]}: {overhead[case] * 1e6:.0f} us ({overhead[case] / journal_only:.2f} x journal only)")
+        within = overhead[case] <= 1e-3 and overhead[case] <= 1.2 * journal_only
+        print(f"- {labels[case]}: {overhead[case] * 1e6:.0f} us ({times(overhead[case], journal_only):.2f} x journal "
+              f"only; block pairs {times(pairs[case], pairs['journal']):.2f} x): {'met' if within else 'MISSED'}")
     missing = {labels[c]: r["held"] for c, r in results.items()
                if c != "all-dead" and any(v != total for v in r["held"].values())}
     print(f"- check, every sink holds every frame (MLflow dead aside): {'yes' if not missing else f'NO: {missing}'}")
@@ -502,6 +516,7 @@ def main() -> int:
         with open(args.json, "w") as f:
             json.dump({"date": datetime.date.today().isoformat(), "k": k,
                        "overhead_us": {c: v * 1e6 for c, v in overhead.items()},
+                       "pairs_us": {c: v * 1e6 for c, v in pairs.items()},
                        "close_s": {c: r["close_s"] for c, r in results.items()}}, f, indent=1)
     return 0
 
