@@ -288,7 +288,9 @@ def follow(
     sinks are closed with the end record's status, or ``killed`` when there is none (a run that never
     closed). ``stop`` (the in-process mode) ends the loop after a last drain, like a trainer gone.
     Between rounds it sleeps ``poll`` seconds, up to ``max_poll`` while nothing comes; ``catch_up`` is
-    how long it may lag at ``SCHED_IDLE`` (see the module docstring). Progress and the trackers' run ids go to :func:`status_path` when ``report``.
+    how long it may lag at ``SCHED_IDLE`` (see the module docstring); ``grace`` is how long a tracker
+    that takes nothing is waited for once the run has ended. Progress and the trackers' run ids go to
+    :func:`status_path` when ``report``.
     """
     from .process import yield_cpu
 
