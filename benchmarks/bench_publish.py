@@ -23,8 +23,10 @@ they share the machine's cores), the time to ``close()`` (drain every sink), and
 thread. Cases: all five sinks with MLflow fast; the same with MLflow slow (a stdlib proxy in its own
 process delays every request by ``--delay`` s before forwarding to the same server); then the
 journal with one other sink at a time, to attribute the overhead (``--no-attribution`` skips them).
-Target (issue 7): median overhead under 1 ms per step at K = 60, unchanged within 20 % when MLflow
-is slow.
+Overhead is also given as the median over blocks of (median metrics step - median baseline step) of
+each adjacent pair of blocks, which follows the machine's load as it drifts. Targets (issue 13):
+with the README's default sinks (MLflow on an embedded ``sqlite:///`` store) the overhead is at
+most 1 ms and at most 1.2x the journal-only overhead; unchanged when MLflow is slow or dead.
 
 Before timing, the reducer's frame is checked against ``reduce_metrics`` on the same chunks; after
 each case, every sink is checked to hold every frame (journal lines, TensorBoard events read back
@@ -243,7 +245,7 @@ def interleaved_loop(work: Callable[[], None], windows: list[list[dict[str, obje
     """Blocks of ``block`` baseline steps (torch work only) and ``block`` metrics steps in turn, so
     that both see the same machine load; the sinks are idle when a baseline block starts."""
     reducer = MetricReducer(GRPO_ADAPTERS)
-    out: dict[str, Any] = {"baseline": [], "step": [], "metrics": [], "reduce": [], "publish": []}
+    out: dict[str, Any] = {"baseline": [], "step": [], "metrics": [], "reduce": [], "publish": [], "pairs": []}
     busy = {"baseline": [0.0, 0.0], "metrics": [0.0, 0.0]}  # machine busy and total core-seconds
 
     def metrics_step(i: int, chunks: list[dict[str, object]]) -> tuple[float, float, float, float]:
@@ -275,6 +277,8 @@ def interleaved_loop(work: Callable[[], None], windows: list[list[dict[str, obje
             for name, value in zip(("step", "metrics", "reduce", "publish"), metrics_step(i, windows[i])):
                 out[name].append(value)
         m2 = machine_busy()
+        n = min(block, len(windows) - start)
+        out["pairs"].append(stats(out["step"][-n:])[0] - stats(out["baseline"][-n:])[0])
         for kind, (x, y) in (("baseline", (m0, m1)), ("metrics", (m1, m2))):
             busy[kind][0] += y[0] - x[0]
             busy[kind][1] += y[1] - x[1]
@@ -290,6 +294,25 @@ def interleaved_loop(work: Callable[[], None], windows: list[list[dict[str, obje
 
 
 ALL_SINKS = ("journal", "wandb", "mlflow", "tensorboard", "console")
+MAIN_CASES = ("journal", "all-sqlite", "all-fast", "all-slow", "all-dead", "thread-sqlite")
+
+
+def pool(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """One case's rounds as one result: samples pooled, CPU figures averaged, the worst of the rest."""
+    out = dict(rounds[-1])
+    for key in ("step", "baseline", "metrics", "reduce", "publish", "pairs"):
+        out[key] = [x for r in rounds for x in r[key]]
+    for key in ("background_cpu", "helpers_cpu", "baseline_cores", "cores"):
+        out[key] = sum(r[key] for r in rounds) / len(rounds)
+    out["start_s"], out["close_s"] = max(r["start_s"] for r in rounds), max(r["close_s"] for r in rounds)
+    out["writes"] = {n: {k: [x for r in rounds for x in r["writes"].get(n, {}).get(k, [])] for k in ("wall", "cpu")}
+                     for n in rounds[-1]["writes"]}
+    out["held"] = {n: min(r["held"][n] for r in rounds) for n in rounds[-1]["held"]}
+    out["failures"] = {n: sum(r["failures"].get(n, 0) for r in rounds) for r in rounds for n in r["failures"]}
+    out["dropped"] = {n: max(r["dropped"].get(n, 0) for r in rounds) for r in rounds for n in r["dropped"]}
+    out["warnings"] = [w for r in rounds for w in r["warnings"]]
+    out["status"] = "/".join(dict.fromkeys(str(r["status"]) for r in rounds))
+    return out
 
 
 def make_sinks(names: tuple[str, ...], folder: Path, mlflow_uri: str, stream: Any) -> list[Any]:
@@ -385,6 +408,11 @@ def main() -> int:
                         help="sys.setswitchinterval in seconds (default: Python's, 0.005)")
     parser.add_argument("--no-attribution", action="store_true",
                         help="skip the per-sink cases (journal + one sink each)")
+    parser.add_argument("--cases", nargs="+", choices=MAIN_CASES, default=list(MAIN_CASES),
+                        help="the main cases to run (journal is always run: the ratios are against it)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run the main cases this many times in turn and pool the samples, so that each "
+                             "sees the machine's load as it drifts (default 1)")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", default=None, help="also write the raw medians to this file")
     args = parser.parse_args()
@@ -421,14 +449,22 @@ def main() -> int:
         proc, server = start_server(root / "mlflow-server")
         cfg["server_pgid"] = proc.pid  # start_new_session: the server leads its own process group
         try:
-            results["journal"] = run_case("journal", ("journal",), server, server, root, work, windows, cfg)
-            results["all-sqlite"] = run_case("all-sqlite", ALL_SINKS, "sqlite", server, root, work, windows, cfg)
-            results["all-fast"] = run_case("all-fast", ALL_SINKS, server, server, root, work, windows, cfg)
-            with slow_proxy(server, args.delay) as slow_uri:
-                results["all-slow"] = run_case("all-slow", ALL_SINKS, slow_uri, server, root, work, windows, cfg)
-            results["all-dead"] = run_case("all-dead", ALL_SINKS, DEAD_URI, server, root, work, windows, cfg)
-            results["thread-sqlite"] = run_case("thread-sqlite", ALL_SINKS, "sqlite", server, root, work, windows,
-                                                cfg, mode="thread")
+            cases = ["journal", *(c for c in args.cases if c != "journal")]
+            rounds: dict[str, list[dict[str, Any]]] = {case: [] for case in cases}
+            for r in range(args.rounds):
+                tag = f"-r{r + 1}" if args.rounds > 1 else ""
+                for case in cases:
+                    if case == "journal":
+                        res = run_case("journal" + tag, ("journal",), server, server, root, work, windows, cfg)
+                    elif case == "all-slow":
+                        with slow_proxy(server, args.delay) as slow_uri:
+                            res = run_case(case + tag, ALL_SINKS, slow_uri, server, root, work, windows, cfg)
+                    else:
+                        uri = {"all-sqlite": "sqlite", "all-fast": server, "all-dead": DEAD_URI,
+                               "thread-sqlite": "sqlite"}[case]
+                        res = run_case(case + tag, ALL_SINKS, uri, server, root, work, windows, cfg,
+                                       mode="thread" if case == "thread-sqlite" else "process")
+                    rounds[case].append(res)
             for name, sinks in attribution.items():
                 results[name] = run_case(name, sinks, server, server, root, work, windows, cfg)
         finally:
@@ -436,9 +472,14 @@ def main() -> int:
         import wandb
 
         wandb.teardown()  # the offline logs are complete on disk
-        for res in results.values():
+        for res in [*results.values(), *(r for case in rounds.values() for r in case)]:
             if "wandb" in res["sinks"]:
                 res["held"]["wandb"] = wandb_rows(res["folder"])
+        total = cfg["steps"] + cfg["warmup"]
+        for done in rounds.values():
+            for res in done:
+                res["dropped"] = {n: total - v for n, v in res["held"].items() if v != total}
+        results = {**{case: pool(done) for case, done in rounds.items()}, **results}
 
     overhead = {case: stats(res["step"])[0] - stats(res["baseline"])[0] for case, res in results.items()}
     journal_only = overhead["journal"]
@@ -447,14 +488,20 @@ def main() -> int:
         median, p90 = stats(samples)
         return f"{median * 1e6:.0f} / {p90 * 1e6:.0f}"
 
-    print("| sinks | baseline step | step with metrics | overhead (median) | x journal only | metrics section "
+    pairs = {case: stats(res["pairs"])[0] for case, res in results.items()}
+
+    def times(a: float, b: float) -> float:
+        return a / b if b > 0 else float("nan")
+
+    print("| sinks | baseline step | step with metrics | overhead (median) | x journal only | overhead, median of "
+          "block pairs | x journal only | metrics section "
           "(add x4 + reduce + publish) | of which publish | CPU of other threads per step | CPU of MLflow server, "
           "wandb-core, proxy per step | machine cores busy: baseline / with metrics |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for case, res in results.items():
-        ratio = overhead[case] / journal_only if journal_only > 0 else float("nan")
+        ratio, paired = times(overhead[case], journal_only), times(pairs[case], pairs["journal"])
         print(f"| {labels[case]} | {us(res['baseline'])} | {us(res['step'])} | {overhead[case] * 1e6:.0f} | "
-              f"{ratio:.2f} | {us(res['metrics'])} | {us(res['publish'])} | {res['background_cpu'] * 1e6:.0f} | "
+              f"{ratio:.2f} | {pairs[case] * 1e6:.0f} | {paired:.2f} | {us(res['metrics'])} | {us(res['publish'])} | {res['background_cpu'] * 1e6:.0f} | "
               f"{res['helpers_cpu'] * 1e6:.0f} | "
               f"{res['baseline_cores']:.2f} / {res['cores']:.2f} |")
     print("\nmicroseconds, median / p90. Overhead = median step with metrics minus median baseline step (the "
@@ -487,14 +534,19 @@ def main() -> int:
             print(f"\nwarning during {labels[case]}: {text}")
     print(f"\nload average after: {load()}\n")
 
-    sqlite = overhead["all-sqlite"]
-    print(f"- target median overhead <= 1 ms at K = {k} with the README's default sinks (embedded MLflow): "
-          f"{'met' if sqlite <= 1e-3 else 'MISSED'} ({sqlite * 1e6:.0f} us)")
-    ratio = sqlite / journal_only if journal_only > 0 else float("nan")
-    print(f"- target within 1.2x of the journal-only overhead ({journal_only * 1e6:.0f} us): "
-          f"{'met' if sqlite <= 1.2 * journal_only or sqlite - journal_only < 50e-6 else 'MISSED'} ({ratio:.2f} x)")
-    for case in ("all-fast", "all-slow", "all-dead"):
-        print(f"- {labels[case]}: {overhead[case] * 1e6:.0f} us ({overhead[case] / journal_only:.2f} x journal only)")
+    if "all-sqlite" in overhead:
+        sqlite = overhead["all-sqlite"]
+        print(f"- target median overhead <= 1 ms at K = {k} with the README's default sinks (embedded MLflow): "
+              f"{'met' if sqlite <= 1e-3 else 'MISSED'} ({sqlite * 1e6:.0f} us; median of block pairs "
+              f"{pairs['all-sqlite'] * 1e6:.0f} us)")
+        ratio = times(sqlite, journal_only)
+        print(f"- target within 1.2x of the journal-only overhead ({journal_only * 1e6:.0f} us): "
+              f"{'met' if sqlite <= 1.2 * journal_only else 'MISSED'} ({ratio:.2f} x; median of block pairs "
+              f"{times(pairs['all-sqlite'], pairs['journal']):.2f} x)")
+        for case in [c for c in ("all-fast", "all-slow", "all-dead") if c in overhead]:
+            within = overhead[case] <= 1e-3 and overhead[case] <= 1.2 * journal_only
+            print(f"- {labels[case]}: {overhead[case] * 1e6:.0f} us ({times(overhead[case], journal_only):.2f} x journal "
+                  f"only; block pairs {times(pairs[case], pairs['journal']):.2f} x): {'met' if within else 'MISSED'}")
     missing = {labels[c]: r["held"] for c, r in results.items()
                if c != "all-dead" and any(v != total for v in r["held"].values())}
     print(f"- check, every sink holds every frame (MLflow dead aside): {'yes' if not missing else f'NO: {missing}'}")
@@ -502,6 +554,7 @@ def main() -> int:
         with open(args.json, "w") as f:
             json.dump({"date": datetime.date.today().isoformat(), "k": k,
                        "overhead_us": {c: v * 1e6 for c, v in overhead.items()},
+                       "pairs_us": {c: v * 1e6 for c, v in pairs.items()},
                        "close_s": {c: r["close_s"] for c, r in results.items()}}, f, indent=1)
     return 0
 

@@ -76,7 +76,7 @@ def main() -> int:
     log = out.with_suffix(".log")
     mode = "quick" if args.quick else "full"
     header = [f"# posttrain-metrics benchmarks, {date} ({mode} mode)", "", *describe_machine(), "",
-              f"Command: `python benchmarks/run_all.py{' --quick' if args.quick else ''}`", ""]
+              f"Command: `python {' '.join(['benchmarks/run_all.py', *sys.argv[1:]])}`", ""]
     print("\n".join(header), flush=True)
     failed = []
     started = time.perf_counter()

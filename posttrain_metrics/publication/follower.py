@@ -12,6 +12,16 @@ the queue, and nothing is ever dropped.
 run), or until the trainer is gone (``parent_pid``): then it drains every complete line and closes
 the trackers with status ``killed``. It is what the publisher process runs
 (``posttrain-metrics publish``); the in-process mode runs it on a thread.
+
+It wakes rarely, so that the trainer keeps the cores: after a round that caught up it sleeps
+``poll`` seconds and publishes what accumulated meanwhile as one batch per sink; with nothing new
+the sleep doubles up to ``max_poll``; only a backlog (a full batch read) is read again at once.
+Started by a trainer (``parent_pid``), the process runs at ``SCHED_IDLE`` on Linux (it gets a core
+only when nothing else wants it; elsewhere it stays at the nice 10 the CLI set). On a machine busy
+with other work that starves it, it goes back to normal policy (nice 10) once it has not caught up
+with the journal for ``catch_up`` seconds, and idle again once it has; the drain after the trainer
+closed the run or is gone, which the trainer may be waiting for, runs at normal policy (see
+:func:`~posttrain_metrics.publication.process.yield_cpu`).
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ from typing import Any
 from ..core.errors import MetricsError
 from ..core.frame import Frame
 from ..core.keys import KeyInfo
+from ..core.redact import redact_tree
 from ..integrations.base import Points, Sink
 from ..journal import JournalTail, Record, header_adapters, journal_closed, last_header
 from ..samples import SamplesTail, samples_path
@@ -223,9 +234,10 @@ class Replica:
             self.publisher.close(status=status)
 
     def handles(self) -> dict[str, Any]:
-        """The tracker's own names for this run (W&B run id and URL, MLflow run id, log dir)."""
+        """The tracker's own names for this run (W&B run id and URL, MLflow run id, log dir), redacted:
+        they go to the status file, which other users may read (a tracking URI may hold a password)."""
         get: Callable[[], dict[str, Any]] | None = getattr(self.sink, "run_handles", None)
-        return get() if get is not None and self.publisher is not None else {}
+        return dict(redact_tree(get())) if get is not None and self.publisher is not None else {}
 
 
 # -- the loop -----------------------------------------------------------------------------------------
@@ -277,6 +289,17 @@ def _attach_record(journal: Path, replicas: Sequence[Replica]) -> None:
         r.publisher.call(r.sink, "attach", files)
 
 
+def _given_up(replica: Replica, grace: float) -> None:
+    """A replica whose tracker took nothing for ``grace`` seconds at the run's end: counted as a failure
+    of its sink and warned about, with the command that sends the rest."""
+    name = replica.sink.name
+    if replica.publisher is not None:
+        replica.publisher.failures[name] = replica.publisher.failures.get(name, 0) + 1
+    warnings.warn(f"{name}: its tracker took no frame for {grace:g} s after the run ended; the frames of the journal "
+                  f"from line {replica.tail.line_number + 1} on were not sent to it. `posttrain-metrics publish "
+                  f"{replica.path}` sends what it lacks", stacklevel=3)
+
+
 def _parent_gone(parent_pid: int | None) -> bool:
     return parent_pid is not None and os.getppid() != parent_pid
 
@@ -288,10 +311,12 @@ def follow(
     follow: bool = True,
     parent_pid: int | None = None,
     stop: threading.Event | None = None,
-    poll: float = 0.05,
+    poll: float = 0.1,
+    max_poll: float = 0.5,
+    catch_up: float = 30.0,
     batch: int = 512,
     report: bool = True,
-    grace: float = 10.0,
+    grace: float = 30.0,
     adapters: Sequence[Any] | None = None,
     record: bool = True,
 ) -> dict[str, Any]:
@@ -305,8 +330,13 @@ def follow(
     the sinks are closed with status ``killed``. Without ``follow`` what is there is published and the
     sinks are closed with the end record's status, or ``killed`` when there is none (a run that never
     closed). ``stop`` (the in-process mode) ends the loop after a last drain, like a trainer gone.
-    Progress and the trackers' run ids go to :func:`status_path` when ``report``.
+    Between rounds it sleeps ``poll`` seconds, up to ``max_poll`` while nothing comes; ``catch_up`` is
+    how long it may lag at ``SCHED_IDLE`` (see the module docstring); ``grace`` is how long a tracker
+    that takes nothing is waited for once the run has ended. Progress and the trackers' run ids go to
+    :func:`status_path` when ``report``.
     """
+    from .process import yield_cpu
+
     journal = Path(path)
     replicas = [Replica(journal, sink, batch=batch, adapters=adapters) for sink in sinks]
     where = status_path(journal)
@@ -324,34 +354,72 @@ def follow(
             "unstarted": sorted(r.sink.name for r in replicas if r.publisher and r.publisher.unstarted),
         }
 
+    # Started by a trainer: the trackers may lag (the journal holds every frame), the step may not.
+    lower = idle = parent_pid is not None and yield_cpu(True)
+    caught_up = time.monotonic()
+
+    def nap(seconds: float) -> None:
+        if stop is not None and not stop.is_set():
+            stop.wait(seconds)  # the in-process mode's stop wakes it at once
+        else:
+            time.sleep(seconds)
+
     gone_since: float | None = None
     reported_runs = 0
+    sleep = poll
     while True:
-        moved = sum(_step(r) for r in replicas)
+        handled = [_step(r) for r in replicas]
+        moved = sum(handled)
         now = time.monotonic()
+        if moved:
+            gone_since = None  # a tracker that takes frames, however slowly, is waited for
         runs = sum(1 for r in replicas if r.publisher is not None and r.publisher.run is not None)
         if report and (now - last_report > 0.5 or runs != reported_runs):
             last_report, reported_runs = now, runs  # a tracker's run ids are reported as soon as it starts
             write_status(where, snapshot())
+        stopping = stop is not None and stop.is_set()
+        done = not follow or stopping or _parent_gone(parent_pid)
+        closed = journal_closed(journal)
+        full = any(n >= batch for n in handled)
+        if not full:
+            caught_up = now  # every replica read to the journal's end (or waits for its tracker)
+        if lower and (done or closed):
+            lower = False  # the trainer waits in close() or is gone: the drain takes its share
+            if idle:
+                yield_cpu(False)
+                idle = False
+        elif lower and idle == (now - caught_up > catch_up):  # starved by other work: catch up at nice 10
+            idle = not idle
+            yield_cpu(idle)
+        if full:
+            continue  # a backlog: the next batch at once
         if moved:
-            continue
+            sleep = poll  # caught up: let the next frames accumulate into one batch
+            if not (done or closed):
+                nap(poll)
+                continue
         live = [r for r in replicas if not r.closed]  # a replica that broke is closed already
         ends = {r.end for r in live}
         if not live or (len(ends) == 1 and None not in ends):
             status = (ends.pop() if live else None) or journal_closed(journal) or "finished"
             break
-        stopping = stop is not None and stop.is_set()
-        done = not follow or stopping or _parent_gone(parent_pid)
-        closed = journal_closed(journal)
+        if moved:
+            continue  # closing: read on until every replica has the end record
         if done or closed:
-            # Nothing more comes. A sink that is not ready (its tracker down, a full backlog) gets a
-            # bounded time to take the rest, then is closed: its close says what it could not send.
+            # Nothing more comes. A sink that is not ready (its tracker down, or a full backlog that
+            # does not move) gets ``grace`` seconds without progress, then is closed: what it lacks is
+            # warned about and left in the journal for `posttrain-metrics publish`.
             gone_since = gone_since or now
             stuck = [r for r in live if r.end is None and not r.ready()]
             if (done and not stuck) or (stuck and now - gone_since > grace):
                 status = closed or next((e for e in ends if e), None) or "killed"
+                for r in stuck:
+                    _given_up(r, grace)
                 break
-        time.sleep(poll)
+            nap(min(poll, 0.05))  # the trainer may be waiting in close()
+            continue
+        nap(sleep)
+        sleep = min(max_poll, sleep * 2)  # nothing new: wake less often
     if record:
         _attach_record(journal, replicas)
     for r in replicas:

@@ -9,6 +9,11 @@ logs and warnings) go to ``publisher.log`` beside the journal (:func:`log_path`)
 are also forwarded to the trainer's stderr, one line each, through a duplicate of that stream whose
 descriptor the child finds in ``POSTTRAIN_METRICS_WARNINGS_FD``. ``check`` (called after each journal line, a syscall at most once a second) warns
 once and restarts a publisher that died; the new one resumes from what each tracker holds.
+
+The publisher yields the cores to the trainer (:func:`yield_cpu`): the CLI lowers it to nice 10, and
+on Linux the follower runs it at ``SCHED_IDLE`` while the trainer trains (it gets a core only when
+nothing else wants one), back at normal policy (nice 10) when it has lagged for a while on a busy
+machine, and for the drain at the run's end.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from typing import Any
 
 from ..core.errors import user_stacklevel
 
-__all__ = ["MAX_RESTARTS", "WARNINGS_FD_ENV", "PublisherProcess", "log_path", "sinks_path"]
+__all__ = ["MAX_RESTARTS", "WARNINGS_FD_ENV", "PublisherProcess", "log_path", "sinks_path", "yield_cpu"]
 
 MAX_RESTARTS = 10
 """A publisher that keeps dying (a bug, a tracker that crashes it) is restarted this many times."""
@@ -39,6 +44,65 @@ WARNINGS_FD_ENV = "POSTTRAIN_METRICS_WARNINGS_FD"
 def log_path(journal: Path) -> Path:
     """The publisher process's output (the trackers' own chatter): ``publisher.log`` beside the journal."""
     return journal.with_name("publisher.log")
+
+
+def _threads() -> list[int]:
+    """Every thread of this process and of its descendants (wandb-core, started by the W&B sink,
+    inherits the policy of the thread that started it), from /proc; ``[0]`` (this thread) without it."""
+    tids: list[int] = []
+    pids, seen = [os.getpid()], set()
+    while pids:
+        pid = pids.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue  # gone meanwhile, or no /proc
+        for tid in tasks:
+            tids.append(int(tid))
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children") as f:
+                    pids.extend(int(child) for child in f.read().split())
+            except (OSError, ValueError):
+                pass
+    return tids or [0]
+
+
+def _may_leave_idle() -> bool:
+    """Whether this process may leave ``SCHED_IDLE`` again once in it (root, ``CAP_SYS_NICE``, or an
+    ``RLIMIT_NICE`` that allows its nice value): probed by lowering its nice value by one, which needs
+    at least that permission, and restoring it."""
+    try:
+        nice = os.getpriority(os.PRIO_PROCESS, 0)
+        os.setpriority(os.PRIO_PROCESS, 0, nice - 1)
+    except (OSError, AttributeError):
+        return False
+    os.setpriority(os.PRIO_PROCESS, 0, nice)
+    return True
+
+
+def yield_cpu(idle: bool) -> bool:
+    """Run this process (every thread, and its child processes) at ``SCHED_IDLE`` (``idle``) or back
+    at ``SCHED_OTHER``; whether any thread changed. ``SCHED_IDLE`` is what lets a publisher that is busy
+    catching up (MLflow's embedded SQLite store takes milliseconds per frame) cost the trainer no core
+    time: a nice-10 process still gets about a tenth of a core the trainer wants. Linux only, and only
+    where the process may come back (:func:`_may_leave_idle`: an unprivileged process in
+    ``SCHED_IDLE`` with the default ``RLIMIT_NICE`` of 0 could never leave it, and its trackers would
+    starve on a busy machine); elsewhere it keeps what it has, nice 10."""
+    setter = getattr(os, "sched_setscheduler", None)
+    policy = getattr(os, "SCHED_IDLE" if idle else "SCHED_OTHER", None)
+    if setter is None or policy is None or (idle and not _may_leave_idle()):
+        return False
+    changed = False
+    for tid in _threads():
+        try:
+            setter(tid, policy, os.sched_param(0))
+            changed = True
+        except OSError:  # not permitted, or gone meanwhile
+            pass
+    return changed
 
 
 def sinks_path(journal: Path) -> Path:

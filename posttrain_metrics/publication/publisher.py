@@ -365,7 +365,8 @@ class Publisher:
     def run_handles(self) -> dict[str, dict[str, Any]]:
         """The trackers' own names for this run, per sink, once the publisher has reported them:
         ``{"wandb": {"run_id", "url", "dir"}, "mlflow": {"run_id", "experiment_id", "tracking_uri"},
-        "tensorboard": {"log_dir"}}``; inline sinks report theirs directly."""
+        "tensorboard": {"log_dir"}}``; inline sinks report theirs directly. The publisher's are read from
+        its status file and redacted there (a password in a tracking URI reads ``***REDACTED***``)."""
 
         out: dict[str, dict[str, Any]] = {}
         for sink in self.inline:
