@@ -98,8 +98,10 @@ The experiment is ``experiment_name`` (``experiment``, its older name, is accept
 ``MLFLOW_EXPERIMENT_NAME``, else ``posttrain-metrics``; it is tagged
 ``mlflow.experimentKind = custom_model_development`` (set on an existing experiment without it),
 which MLflow 3's UI reads to open the experiment on its runs table with metric charts rather than
-its GenAI overview. ``run_id``, else ``MLFLOW_RUN_ID``, targets an existing MLflow run; otherwise a run tagged with the publisher's run id is
-resumed when one exists in the experiment (a restarted job continues its run), and a new run is
+its GenAI overview (MLflow 3.17's UI obeys its own per-browser "GenAI / Model training" switch first:
+``#/experiments/<id>?workflowType=machine_learning`` is the link that opens the runs table).
+``run_id``, else ``MLFLOW_RUN_ID``, targets an existing MLflow run; otherwise a run tagged with the
+publisher's run id is resumed when one exists in the experiment (a restarted job continues its run), and a new run is
 created when none does.
 """
 
