@@ -455,3 +455,39 @@ def test_the_journal_reads_the_same_with_either_encoder(tmp_path, monkeypatch):
                 assert type(got) is type(value) and (got == value or (math.isnan(got) and math.isnan(value))), key
     for line in (tmp_path / "fast.jsonl").read_text().splitlines():
         json.loads(line, parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}"))
+
+
+def test_display_frames_are_built_in_order_whatever_the_plan_cache_holds() -> None:
+    """Label indicators right after their key, bools as 0/1, unknown strings kept, plain numbers as
+    they are, in order; frames of one shape reuse a plan, and another keys mapping gets its own."""
+    from posttrain_metrics.core.adapter import Metric, MetricAdapter
+    from posttrain_metrics.core.reduction import Reduction as R
+    from posttrain_metrics.publication.publisher import display_frame
+
+    def adapter(labels: tuple[str, ...]) -> MetricAdapter:
+        return MetricAdapter("shape", internal_prefix="shape_", metrics=[
+            Metric("loss", R.MEAN, "A number"),
+            Metric("outcome", R.CATEGORICAL, "A label", labels=labels, namespace="optim"),
+            Metric("flag", R.LAST, "A flag", namespace="optim"),
+        ])
+
+    keys_ab, keys_abc = describe([adapter(("a", "b"))]), describe([adapter(("a", "b", "c"))])
+    first = Frame(1, {"train/loss": 0.5, "optim/outcome": "b", "optim/flag": True, "other/note": "x", "n": 3})
+    second = Frame(2, {"train/loss": 0.25, "optim/outcome": "a", "optim/flag": False, "other/note": "y", "n": 4})
+    assert list(display_frame(first, keys_ab).metrics.items()) == [
+        ("train/loss", 0.5), ("optim/outcome", "b"), ("optim/outcome/a", 0), ("optim/outcome/b", 1),
+        ("optim/flag", 1), ("other/note", "x"), ("n", 3)]
+    shown = display_frame(second, keys_ab)  # the same shape: the cached plan
+    assert list(shown.metrics.items()) == [
+        ("train/loss", 0.25), ("optim/outcome", "a"), ("optim/outcome/a", 1), ("optim/outcome/b", 0),
+        ("optim/flag", 0), ("other/note", "y"), ("n", 4)]
+    assert type(shown.metrics["optim/flag"]) is int and (shown.step, shown.phase) == (2, "train")
+    assert list(display_frame(second, keys_abc).metrics)[2:5] == ["optim/outcome/a", "optim/outcome/b",
+                                                                   "optim/outcome/c"]
+    as_float = Frame(3, {"train/loss": 1, "optim/outcome": "a", "optim/flag": 1.0, "other/note": "z", "n": 5.0})
+    assert list(display_frame(as_float, keys_ab).metrics.items()) == [  # other types: another plan
+        ("train/loss", 1), ("optim/outcome", "a"), ("optim/outcome/a", 1), ("optim/outcome/b", 0),
+        ("optim/flag", 1.0), ("other/note", "z"), ("n", 5.0)]
+    plain = Frame(4, {"train/loss": 0.125, "n": 1})
+    out = display_frame(plain, keys_ab)
+    assert out.metrics == {"train/loss": 0.125, "n": 1} and out.metrics is not plain.metrics
