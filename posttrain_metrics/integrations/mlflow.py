@@ -192,7 +192,7 @@ class _Names:
         self.names: dict[str, str] = {}
         self.mapped: dict[str, str] = {}  # mapped name -> original
 
-    def __call__(self, name: str) -> str:
+    def __call__(self, name: str, *, warn: bool = True) -> str:
         out = self.names.get(name)
         if out is not None:
             return out
@@ -200,12 +200,13 @@ class _Names:
             out = name
         else:
             out = self._map(name)
-            warnings.warn(
-                f"mlflow: {self.kind} name {name!r} is not a valid MLflow name (MLflow takes "
-                f"alphanumerics, '_', '-', '.', '/', spaces, no empty or dot path segments, at most "
-                f"{self.limit} characters); logged as {out!r}",
-                stacklevel=4,
-            )
+            if warn:
+                warnings.warn(
+                    f"mlflow: {self.kind} name {name!r} is not a valid MLflow name (MLflow takes "
+                    f"alphanumerics, '_', '-', '.', '/', spaces, no empty or dot path segments, at most "
+                    f"{self.limit} characters); logged as {out!r}",
+                    stacklevel=4,
+                )
             self.mapped[out] = name
         self.names[name] = out
         return out
@@ -569,7 +570,9 @@ class MlflowSink:
                 values[f"{RUN_PREFIX}{key}"] = float(value)
         for key, count in summary.nonfinite.items():
             values[f"{RUN_PREFIX}nonfinite/{key}"] = float(count)
-        items = [(names(k), v, stamp, self._last_step) for k, v in values.items()]
+        # a run aggregate of a renamed key is renamed the same way, and not warned about again: its
+        # series was (run/train/kl@0.5 -> run/train/kl_0.5)
+        items = [(names(k, warn=False), v, stamp, self._last_step) for k, v in values.items()]
         for i in range(0, len(items), self._max_metrics):
             self._queue(_Batch([], items[i : i + self._max_metrics]))
     def attach(self, files: Iterable[Path]) -> None:
