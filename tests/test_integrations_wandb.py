@@ -8,7 +8,9 @@ it is missing, importing ``posttrain_metrics.integrations.wandb_reader`` fails w
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import random
 import sys
 import warnings
 from collections.abc import Iterator, Mapping
@@ -22,6 +24,7 @@ from _runs import (
     HAND_NONFINITE,
     HAND_RUN,
     dpo_run,
+    grpo_chunk,
     grpo_run,
     hand_frames,
     nonfinite_frame,
@@ -527,3 +530,25 @@ def test_a_label_absent_from_a_later_frame_is_not_left_in_the_summary(tmp_path):
     assert wb.summary.get("optim/skip_reason") is None  # step 3 was applied: no reason any more
     assert wb.summary["optim/update_outcome"] == "applied"
     assert wb.column("optim/skip_reason") == {2: "nonfinite_loss"}  # the history keeps what happened
+
+
+def test_the_publisher_process_starts_its_own_wandb_service_not_the_trainers(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trainer that uses W&B itself leaves its wandb-core's address in WANDB_SERVICE for its children.
+    The publisher process must not attach to it: here the address is of a service that is gone (as a
+    killed trainer's is), and the publisher's W&B run still holds every step."""
+    from posttrain_metrics.callbacks import MetricsCallback
+
+    offline_env(monkeypatch, tmp_path)
+    monkeypatch.setenv("WANDB_SERVICE", f"2-{2**22 + 7}-unix-{tmp_path / 'gone.sock'}")
+    out = tmp_path / "run"
+    with MetricsCallback(adapters=GRPO_ADAPTERS, out_dir=out, run_id="ownservice1", close_timeout=240,
+                         sinks=[{"type": "journal"}, {"type": "wandb", "project": "own-service"}]) as cb:
+        cb.on_run_start({})
+        for frame_step in (1, 2, 3):
+            cb.on_chunk_end(grpo_chunk(random.Random(frame_step), frame_step, last=True))
+            cb.on_window_end(frame_step)
+    status = json.loads((out / "journal.jsonl.publisher.json").read_text())
+    assert status["status"] == "finished" and not status["failures"], status
+    [file] = sorted((out / "wandb").rglob("run-ownservice1.wandb"))
+    assert [row["trainer/step"] for row in read_offline_run(file).history] == [1, 2, 3]

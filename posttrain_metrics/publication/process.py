@@ -152,6 +152,10 @@ class PublisherProcess:
         cmd = [sys.executable, "-m", "posttrain_metrics.cli", *imports, "publish", str(self.journal), "--follow",
                "--parent-pid", str(os.getpid())]
         env, fds = dict(os.environ), []
+        # A trainer that uses W&B itself has its own wandb-core, whose address wandb leaves in
+        # WANDB_SERVICE for its children: the publisher must start its own, or a killed trainer would
+        # take the publisher's W&B connection down with it (and the drain could not finish W&B).
+        env.pop("WANDB_SERVICE", None)
         try:
             fds.append(os.dup(2))  # the trainer's stderr, for our warnings (one line each)
             env[WARNINGS_FD_ENV] = str(fds[0])
