@@ -552,3 +552,25 @@ def test_the_publisher_process_starts_its_own_wandb_service_not_the_trainers(
     assert status["status"] == "finished" and not status["failures"], status
     [file] = sorted((out / "wandb").rglob("run-ownservice1.wandb"))
     assert [row["trainer/step"] for row in read_offline_run(file).history] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("mode", ["inline", "thread"])
+def test_an_address_of_a_wandb_service_that_is_gone_is_not_followed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    """The training process itself inherited WANDB_SERVICE from a parent whose wandb-core has exited:
+    the sink starts W&B's own service instead of failing to connect."""
+    import wandb
+
+    offline_env(monkeypatch, tmp_path)
+    monkeypatch.setenv("WANDB_SERVICE", f"3-{2**22 + 11}-unix-{tmp_path / 'gone.sock'}")
+    sink = WandbSink(project="gone-service", dir=tmp_path, settings={"quiet": True})
+    pub = Publisher([JournalSink(tmp_path / "journal.jsonl"), sink], adapters=GRPO_ADAPTERS, mode=mode,
+                    run_id=f"gone{mode}1")
+    pub.start({})
+    for frame in grpo_run(steps=3):
+        pub.publish(frame)
+    pub.close()
+    wandb.teardown()
+    assert pub.failures == {}, pub.failures
+    [file] = sorted(tmp_path.rglob(f"run-gone{mode}1.wandb"))
+    assert [row["trainer/step"] for row in read_offline_run(file).history] == [1, 2, 3]

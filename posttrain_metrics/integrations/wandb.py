@@ -199,6 +199,18 @@ def resolve_mode(
     return None if _has_credentials(env, settings or {}) else "offline"
 
 
+
+def _forget_a_gone_service() -> None:
+    """wandb leaves its service's address in ``WANDB_SERVICE`` for child processes; a process started
+    by one whose wandb-core has since exited (a launcher, a killed trainer) inherits an address that
+    leads nowhere, and ``wandb.init`` then fails to connect. A Unix-socket address whose socket file
+    is gone is dropped, so that wandb starts its own service; a live one is used as wandb intends."""
+    token = os.environ.get("WANDB_SERVICE", "")
+    _, unix, path = token.partition("-unix-")
+    if unix and path and not os.path.exists(path):
+        os.environ.pop("WANDB_SERVICE", None)
+
+
 class WandbSink:
     """Publishes frames to a W&B run (see the module documentation for what the run shows).
 
@@ -294,6 +306,7 @@ class WandbSink:
         settings.update(self.settings)
         if self.dir is not None:
             self.dir.mkdir(parents=True, exist_ok=True)  # wandb falls back to a temp dir otherwise
+        _forget_a_gone_service()
         wb_run = wandb.init(
             project=self.project,
             entity=self.entity,
