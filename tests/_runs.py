@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import random
 from pathlib import Path
+from typing import Any
 
 from posttrain_metrics import Frame, reduce_metrics
 
@@ -243,3 +244,34 @@ def tensorboard_run(out_dir: Path) -> Path:
     (one per run; the test's out_dir holds one run)."""
     [run] = [p for p in (Path(out_dir) / "tensorboard").iterdir() if p.is_dir()]
     return run
+
+
+def run_ranks(target: Any, store: Path, world: int = 2, timeout: float = 240.0) -> dict[int, dict[str, Any]]:
+    """Run ``target(rank, store, results)`` in ``world`` spawned processes (each puts ``(rank, out)`` on
+    ``results``) and return every rank's ``out``; a rank that never reports fails the test, naming it."""
+    import queue
+    import time
+
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(r, str(store), results), daemon=True) for r in range(world)]
+    for p in procs:
+        p.start()
+    got: dict[int, dict[str, Any]] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while len(got) < world:
+            assert time.monotonic() < deadline, f"only ranks {sorted(got)} reported"
+            try:
+                rank, out = results.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            got[rank] = out
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    return got

@@ -10,14 +10,12 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import queue as queue_module
-import time
 import traceback
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _runs import tensorboard_run
+from _runs import run_ranks, tensorboard_run
 
 from posttrain_metrics import MetricReducer, MetricsError, reduce_metrics
 from posttrain_metrics.callbacks import MetricsCallback, build_callback
@@ -195,28 +193,7 @@ def _rank(rank: int, store: str, results: Any) -> None:
 
 
 def test_two_gloo_ranks_reduce_user_keys_exactly_and_refuse_different_declarations(tmp_path: Path) -> None:
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    procs = [ctx.Process(target=_rank, args=(r, str(tmp_path / "store"), results), daemon=True) for r in range(2)]
-    for p in procs:
-        p.start()
-    got: dict[int, dict[str, Any]] = {}
-    deadline = time.monotonic() + 240
-    try:
-        while len(got) < 2:
-            assert time.monotonic() < deadline, f"only ranks {sorted(got)} reported"
-            try:
-                rank, out = results.get(timeout=0.5)
-            except queue_module.Empty:
-                continue
-            got[rank] = out
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
+    got = run_ranks(_rank, tmp_path / "store")
     for rank in (0, 1):
         assert "crash" not in got[rank], got[rank]["crash"]
         assert got[rank]["step1"] == STEP1

@@ -7,15 +7,13 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import queue as queue_module
 import random
-import time
 import traceback
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _runs import tensorboard_run
+from _runs import run_ranks, tensorboard_run
 
 from posttrain_metrics import MetricsError
 from posttrain_metrics.callbacks import MetricsCallback
@@ -238,28 +236,7 @@ def _rank(rank: int, store: str, results: Any) -> None:
 
 
 def test_two_gloo_ranks_send_their_rows_to_rank_0(tmp_path: Path) -> None:
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    procs = [ctx.Process(target=_rank, args=(r, str(tmp_path / "store"), results), daemon=True) for r in range(2)]
-    for p in procs:
-        p.start()
-    got: dict[int, dict[str, Any]] = {}
-    deadline = time.monotonic() + 240
-    try:
-        while len(got) < 2:
-            assert time.monotonic() < deadline, f"only ranks {sorted(got)} reported"
-            try:
-                rank, out = results.get(timeout=0.5)
-            except queue_module.Empty:
-                continue
-            got[rank] = out
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
+    got = run_ranks(_rank, tmp_path / "store")
     assert "crash" not in got[0] and "crash" not in got[1], got
     assert got[0]["all"] == (8, [0, 0, 1, 1, 10, 10, 11, 11])  # every row of both ranks fits in 8, rank order
     assert got[1]["all"] is None and got[1]["bounded"] is None  # only rank 0 publishes
