@@ -275,3 +275,13 @@ def run_ranks(target: Any, store: Path, world: int = 2, timeout: float = 240.0) 
             if p.is_alive():
                 p.kill()
     return got
+
+
+# A label that a later frame of its phase no longer carries (skip_reason at step 2 only).
+LABELLED = [
+    Frame(1, {"train/loss_avg": 0.5, "optim/update_outcome": "applied"}, "train", 1_700_000_001.0),
+    Frame(2, {"train/loss_avg": 0.4, "optim/update_outcome": "skipped", "optim/skip_reason": "nonfinite_loss"},
+          "train", 1_700_000_002.0),
+    Frame(2, {"val/loss_avg": 0.3}, "val", 1_700_000_002.5),  # another phase: says nothing about the reason
+    Frame(3, {"train/loss_avg": 0.3, "optim/update_outcome": "applied"}, "train", 1_700_000_003.0),
+]

@@ -27,7 +27,7 @@ except ImportError as exc:  # fail, never skip: the MLflow sink is part of the p
     ) from exc
 
 from _mlflow_server import SERVER_STORES, free_port
-from _runs import GRPO_ADAPTERS, dpo_run, grpo_run, hand_frames, nonfinite_frame, ppo_run, tracked
+from _runs import GRPO_ADAPTERS, LABELLED, dpo_run, grpo_run, hand_frames, nonfinite_frame, ppo_run, tracked
 
 from posttrain_metrics import Frame
 from posttrain_metrics.core.keys import describe
@@ -582,14 +582,6 @@ def test_run_aggregates_are_logged_at_close(backend: Backend, tmp_path: Path) ->
     assert (metrics["run/optim/update_outcome/applied"], metrics["run/optim/update_outcome/skipped"]) == (2, 1)
     assert history(client, sink.run_id, "run/train/kl_max") == [(3, 0.75)]  # one point, at the last step
 
-
-LABELLED = [
-    Frame(1, {"train/loss_avg": 0.5, "optim/update_outcome": "applied"}, "train", 1_700_000_001.0),
-    Frame(2, {"train/loss_avg": 0.4, "optim/update_outcome": "skipped", "optim/skip_reason": "nonfinite_loss"},
-          "train", 1_700_000_002.0),
-    Frame(2, {"val/loss_avg": 0.3}, "val", 1_700_000_002.5),  # another phase: says nothing about the reason
-    Frame(3, {"train/loss_avg": 0.3, "optim/update_outcome": "applied"}, "train", 1_700_000_003.0),
-]
 
 
 @pytest.mark.parametrize("mode", ["inline", "process"])

@@ -23,6 +23,7 @@ from _runs import (
     HAND_INDICATORS,
     HAND_NONFINITE,
     HAND_RUN,
+    LABELLED,
     dpo_run,
     grpo_chunk,
     grpo_run,
@@ -513,14 +514,6 @@ def test_an_explicit_argument_wins_over_the_wandb_environment(monkeypatch, tmp_p
     bare = WandbSink()  # neither: W&B's own defaults (its project "uncategorized" once started)
     assert (bare.project, bare.entity, bare.group, bare.tags, bare.dir) == (None, None, None, (), None)
 
-
-LABELLED = [
-    Frame(1, {"train/loss_avg": 0.5, "optim/update_outcome": "applied"}, "train", 1_700_000_001.0),
-    Frame(2, {"train/loss_avg": 0.4, "optim/update_outcome": "skipped", "optim/skip_reason": "nonfinite_loss"},
-          "train", 1_700_000_002.0),
-    Frame(2, {"val/loss_avg": 0.3}, "val", 1_700_000_002.5),  # another phase: says nothing about the reason
-    Frame(3, {"train/loss_avg": 0.3, "optim/update_outcome": "applied"}, "train", 1_700_000_003.0),
-]
 
 
 def test_a_label_absent_from_a_later_frame_is_not_left_in_the_summary(tmp_path):
