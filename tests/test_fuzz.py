@@ -265,3 +265,38 @@ def test_no_test_sets_its_own_randomness_for_hypothesis() -> None:
             if needle in text.replace(f'"{needle}"', "").replace(f"``{needle}", ""):
                 offenders.append((path.name, needle))
     assert offenders == []
+
+
+# -- the reduction's inline fast path against its general one ------------------------------------------
+
+# Numbers of every plain kind, counts and weights at their edges (0, negative, NaN, inf, beyond 2**53),
+# and what is not a number at all, so that every branch of the inline path and every hand-off to the
+# general ``_add`` is drawn: a weighted key beside a zero, negative, NaN, bool or missing weight, an
+# extremum beside a zero count, NaN extrema, -0.0.
+numbers = st.one_of(
+    floats, st.sampled_from([0.0, -0.0, 1.0, -1.0, math.nan, math.inf, -math.inf]),
+    st.integers(min_value=-5, max_value=50), st.integers(min_value=-(2**60), max_value=2**60),
+    st.sampled_from([0, 2**53, 2**53 + 1, -(2**53)]), st.booleans(), st.none(), st.sampled_from(LABELS),
+    st.builds(np.float64, floats), st.builds(np.int64, st.integers(min_value=-100, max_value=100)),
+)
+dense_windows = st.lists(st.dictionaries(st.sampled_from(SOURCES), numbers, max_size=len(SOURCES)), max_size=4)
+
+
+@settings(FUZZ, max_examples=400)
+@given(window=dense_windows)
+def test_the_inline_fast_path_packs_exactly_what_the_general_path_packs(window: list[dict[str, Any]]) -> None:
+    """``Layout.accumulate`` adds plain numbers inline (the training thread's cost); with that off,
+    every value goes through ``Layout._add``. Both must give the same buffers bit for bit (NaN
+    payloads and the sign of zero included) and record the same producer bugs."""
+    import struct
+
+    from posttrain_metrics.core.layout import Layout
+    from posttrain_metrics.core.values import materialize
+
+    def packed(fast: bool) -> tuple[bytes, bytes, dict[int, str]]:
+        layout = Layout(tuple(ADAPTERS))
+        layout._fast = fast
+        state = layout.accumulate(materialize(window), rank=1, step=3)
+        return struct.pack(f"{len(state.sum)}d", *state.sum), struct.pack(f"{len(state.max)}d", *state.max), state.errors
+
+    assert packed(True) == packed(False)

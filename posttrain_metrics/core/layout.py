@@ -44,6 +44,20 @@ _SLOTS: dict[Reduction, tuple[tuple[str, ...], tuple[str, ...]]] = {
     Reduction.CATEGORICAL: ((), ()),  # one-hot slots, one per label, follow presence
 }
 
+# The reductions :meth:`Layout.accumulate` adds inline for a plain float or int (the common case,
+# about 150 values a step); anything else goes through ``Layout._add``, which defines the arithmetic.
+_SLOW, _FAST_WMEAN, _FAST_SUM, _FAST_MAX, _FAST_MIN, _FAST_MEAN, _FAST_LAST = range(7)
+_FAST: dict[Reduction, int] = {
+    Reduction.WEIGHTED_MEAN: _FAST_WMEAN,
+    Reduction.SUM: _FAST_SUM,
+    Reduction.MAX: _FAST_MAX,
+    Reduction.MIN: _FAST_MIN,
+    Reduction.MEAN: _FAST_MEAN,
+    Reduction.LAST: _FAST_LAST,
+    Reduction.AGREED: _FAST_LAST,
+}
+_TYPE_RANK = {float: _FLOAT, int: _INT}
+
 LAYOUT_VERSION = 3
 """Part of every layout's fingerprint: bumped whenever the slots or their meaning change, so ranks
 (or workers) running different versions of this module refuse to merge instead of mixing slots."""
@@ -91,13 +105,13 @@ class _Key:
     mean: str | None  # source name of the pooled std's mean
     second_moment: str | None  # source name of the pooled std's second moment
     count: bool  # a count of things: finite and >= 0
-
-    @property
-    def reduction(self) -> Reduction:
-        return self.metric.reduction
+    reduction: Reduction
+    fast: int  # the accumulate loop's inline case (_FAST_*), or _SLOW for the general ``_add``
+    names: Mapping[str, str] = dataclasses.field(hash=False, compare=False)  # public name by phase
 
     def public(self, phase: str) -> str:
-        return f"{self.metric.namespace or phase}/{self.metric.leaf}"
+        name = self.names.get(phase)
+        return name if name is not None else f"{self.metric.namespace or phase}/{self.metric.leaf}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,6 +210,9 @@ class Layout:
                         adapter.source_of_leaf(metric.second_moment) if metric.second_moment else None
                     ),
                     count=source in counts,
+                    reduction=metric.reduction,
+                    fast=_FAST.get(metric.reduction, _SLOW),
+                    names={phase: f"{metric.namespace or phase}/{metric.leaf}" for phase in PHASES},
                 )
                 self.keys[source] = key
                 s += 1 + len(sum_slots) + len(metric.labels)
@@ -208,6 +225,9 @@ class Layout:
         ]
         scopes = [(f.sources, sorted(f.scope)) for f in self.families]
         self._derived = [k for k in self.keys.values() if k.second_moment is not None]
+        self._fast = True
+        """Whether :meth:`accumulate` adds plain numbers inline; ``False`` sends every value through
+        ``_add`` (the tests compare the two, bit for bit)."""
         digest = hashlib.sha256(repr((LAYOUT_VERSION, spec, scopes)).encode()).hexdigest()
         self.fingerprint = float(int(digest[:13], 16))  # 52 bits: exact in float64
 
@@ -248,40 +268,32 @@ class Layout:
         def fail(code: int, key: _Key | None, message: str) -> None:
             self.record(state, code, key, rank, message)
 
+        keys_get, fast = self.keys.get, self._fast
         for c, chunk in enumerate(chunks):
             if isinstance(chunk, RefusedChunk):
                 fail(Code.BAD_CHUNK, None, f"chunk {c}: {chunk.reason}")
                 continue
             values: dict[str, Scalar] = {}
+            taken: list[tuple[_Key, Scalar]] = []
             for source, raw in chunk.items():
-                key = self.keys.get(source)
+                key = keys_get(source)
                 if key is None:
                     if source not in self.ignored:
                         fail(Code.UNKNOWN_KEY, None, self._unknown(source))
                     continue
-                try:
-                    if isinstance(raw, BadValue):
-                        raise raw
-                    value = to_scalar(raw)
-                    if key.count and not isinstance(value, str) and not 0.0 <= float(value) < math.inf:
-                        users = sorted(k.source for k in self.keys.values() if k.weight == source and k.source in chunk)
-                        weights = f" (it weights {', '.join(map(repr, users))} in this chunk)" if users else ""
-                        fail(
-                            Code.BAD_WEIGHT, key,
-                            f"{self._where(key, c)} got {value!r}; it is a count (of tokens, sequences, "
-                            f"groups, steps...), so it must be finite and >= 0{weights}; fix the producer "
-                            "of that count",
-                        )
+                S[key.s] = 1.0  # presence: ranks that reported the key (whatever its value)
+                t = type(raw)
+                if (t is float and (not key.count or 0.0 <= raw < math.inf)) or (
+                    t is int and (0 if key.count else -MAX_EXACT_INT) <= raw <= MAX_EXACT_INT
+                ):
+                    value: Scalar = raw  # a plain number, as to_scalar would return it
+                else:
+                    read = self._read(key, raw, c, chunk, fail)
+                    if read is None:
                         continue
-                    values[source] = value
-                except BadValue as exc:
-                    fail(Code.BAD_VALUE, key, f"{self._where(key, c)} got {exc}")
-                except Exception as exc:  # a value that breaks while being read is a bad value too
-                    fail(
-                        Code.BAD_VALUE, key,
-                        f"{self._where(key, c)} got a {type(raw).__name__} that cannot be read "
-                        f"({type(exc).__name__}: {str(exc)[:200]}); fix: pass a plain number",
-                    )
+                    value = read
+                values[source] = value
+                taken.append((key, value))
             for fam in self.families:
                 present = [s for s in fam.sources if s in chunk]
                 if present or not fam.scope.isdisjoint(chunk.keys()):
@@ -297,8 +309,51 @@ class Layout:
                         "emitted all together or not at all (a partial record is a producer bug); "
                         "fix: emit the whole family, with zero weight when there is no data",
                     )
-            for source, value in values.items():
-                key = self.keys[source]
+            for key, value in taken:
+                # Inline: exactly the arithmetic of ``_add`` for a plain float or int whose partner
+                # is a plain, valid number; every other case (labels, bools, missing or bad
+                # partners, NaN extrema, pooled stds) is left to ``_add`` itself.
+                kind, t = (fast and key.fast), type(value)
+                if kind and (t is float or t is int):
+                    s, m = key.s + 1, key.m
+                    if kind == _FAST_WMEAN:
+                        w = values.get(key.weight)  # type: ignore[arg-type]
+                        tw = type(w)
+                        if (tw is float or tw is int) and 0.0 <= w < math.inf:  # type: ignore[operator]
+                            if w > 0.0:  # type: ignore[operator]
+                                v = float(value)
+                                S[s] += v * w  # type: ignore[operator]
+                                S[s + 1] += w  # type: ignore[operator]
+                            continue
+                    elif kind == _FAST_SUM:
+                        S[s] += float(value)
+                        type_rank = _TYPE_RANK[t]
+                        if type_rank > M[m]:
+                            M[m] = type_rank
+                        continue
+                    elif kind in (_FAST_MAX, _FAST_MIN):
+                        v = float(value)
+                        w = values.get(key.weight) if key.weight is not None else None
+                        if v == v and (
+                            key.weight is None or key.weight not in chunk
+                            or ((type(w) is float or type(w) is int) and 0.0 < w < math.inf)  # type: ignore[operator]
+                        ):
+                            S[s] += 1.0
+                            if kind == _FAST_MIN:
+                                v = -v
+                            if v > M[m]:
+                                M[m] = v
+                            type_rank = _TYPE_RANK[t]
+                            if type_rank > M[m + 1]:
+                                M[m + 1] = type_rank
+                            continue
+                    elif kind == _FAST_MEAN:
+                        S[s] += float(value)
+                        S[s + 1] += 1.0
+                        continue
+                    else:  # _FAST_LAST
+                        last[key.source] = value
+                        continue
                 try:
                     self._add(key, value, values, chunk, S, M, last)
                 except _Reject as exc:
@@ -310,8 +365,6 @@ class Layout:
                         S[key.s] = 1.0
                     except _Reject as exc:
                         fail(exc.code, key, f"{self._where(key, c)} {exc.message}")
-            for source in chunk.keys() & self.keys.keys():
-                S[self.keys[source].s] = 1.0  # presence: ranks that reported the key
         for source, value in last.items():
             key = self.keys[source]
             if key.reduction is Reduction.CATEGORICAL:
@@ -325,6 +378,33 @@ class Layout:
         if chunks:
             S[self.ACTIVE] = 1.0
         return state
+
+    def _read(self, key: _Key, raw: Any, c: int, chunk: Mapping[str, Any], fail: Any) -> Scalar | None:
+        """``raw`` as a plain scalar, or ``None`` with the producer bug recorded through ``fail``."""
+        try:
+            if isinstance(raw, BadValue):
+                raise raw
+            value = to_scalar(raw)
+            if key.count and not isinstance(value, str) and not 0.0 <= float(value) < math.inf:
+                users = sorted(k.source for k in self.keys.values() if k.weight == key.source and k.source in chunk)
+                weights = f" (it weights {', '.join(map(repr, users))} in this chunk)" if users else ""
+                fail(
+                    Code.BAD_WEIGHT, key,
+                    f"{self._where(key, c)} got {value!r}; it is a count (of tokens, sequences, "
+                    f"groups, steps...), so it must be finite and >= 0{weights}; fix the producer "
+                    "of that count",
+                )
+                return None
+            return value
+        except BadValue as exc:
+            fail(Code.BAD_VALUE, key, f"{self._where(key, c)} got {exc}")
+        except Exception as exc:  # a value that breaks while being read is a bad value too
+            fail(
+                Code.BAD_VALUE, key,
+                f"{self._where(key, c)} got a {type(raw).__name__} that cannot be read "
+                f"({type(exc).__name__}: {str(exc)[:200]}); fix: pass a plain number",
+            )
+        return None
 
     def _add(
         self,

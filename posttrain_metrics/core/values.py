@@ -15,6 +15,7 @@ __all__ = ["MAX_EXACT_INT", "BadValue", "Scalar", "is_tensor", "materialize", "t
 
 Scalar = float | int | bool | str
 MAX_EXACT_INT = 2**53
+_PLAIN = frozenset({float, int, bool, str})  # never a tensor: no module name to look at
 """The largest integer a float64 buffer (and so a collective) carries exactly."""
 
 
@@ -78,7 +79,7 @@ def materialize(chunks: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
         if not isinstance(chunk, dict):
             continue
         for key, value in chunk.items():
-            if not is_tensor(value):
+            if type(value) in _PLAIN or not is_tensor(value):
                 continue
             try:
                 problem = _tensor_problem(value)
