@@ -4,6 +4,7 @@ the publisher process's output goes, where our warnings point, and the command l
 from __future__ import annotations
 
 import io
+import math
 import subprocess
 import sys
 import time
@@ -70,11 +71,39 @@ def test_console_counts_updates_by_outcome(utc) -> None:
     applied = {"optim/update_outcome": "applied", "optim/updates_applied": 2, "optim/updates_skipped": 0}
     label_only = {"optim/update_outcome": "skipped"}  # a producer that reports no counts
     lines = console_lines([Frame(8, both, wall_time=T0), Frame(9, applied, wall_time=T0),
-                           Frame(10, label_only, wall_time=T0)])
+                           Frame(10, label_only, wall_time=T0)], min_interval=0)
     assert lines[1] == "22:13:20 train step 8 | updates applied 1, skipped 1"
     assert "SKIPPED" not in lines[1]
     assert lines[2] == "22:13:20 train step 9"  # all applied: nothing to say
     assert lines[3] == "22:13:20 train step 10 | update_outcome SKIPPED"
+
+
+def shown_steps(lines: list[str]) -> list[int]:
+    return [int(line.split(" step ")[1].split()[0].split("/")[0]) for line in lines if " train step " in line]
+
+
+def test_console_shows_a_line_per_min_interval_and_always_what_matters(utc) -> None:
+    """Steps 0.25 s apart, ``min_interval`` 1 s: a line per second, counted from the last line shown.
+    Step 7 skipped its update and step 12 has a NaN grad_norm: both shown at once (and the interval
+    counts from them); step 20 is the run's last. Worked out by hand: 1 (t 0), 5 (t 1.0), 7 (skipped,
+    t 1.5), 11 (t 2.5), 12 (NaN), 16 (t 3.75), 20 (last)."""
+    def frame(step: int) -> Frame:
+        metrics: dict[str, object] = {"train/grad_norm": math.nan if step == 12 else 0.5,
+                                      "optim/update_outcome": "skipped" if step == 7 else "applied"}
+        return Frame(step, metrics, wall_time=T0 + 0.25 * (step - 1))  # type: ignore[arg-type]
+
+    lines = console_lines([frame(s) for s in range(1, 21)], total_steps=20, min_interval=1.0)
+    assert shown_steps(lines) == [1, 5, 7, 11, 12, 16, 20]
+    assert "update_outcome SKIPPED" in lines[3] and "grad_norm nan" in lines[5]
+    # no total: the last step not shown (10) is printed at close, after the validation line
+    frames = [frame(s) for s in range(1, 11)] + [Frame(10, {"val/reward_avg": 0.5}, phase="val", wall_time=T0 + 2.3)]
+    frames[6] = Frame(7, {"train/grad_norm": 0.5}, wall_time=frames[6].wall_time)  # no outcome: nothing notable
+    lines = console_lines(frames, min_interval=1.0)
+    assert shown_steps(lines) == [1, 5, 9, 10] and lines[-2] == "22:13:22 val step 10"
+    assert shown_steps(console_lines(frames, min_interval=0)) == list(range(1, 11))  # 0: every step
+    for bad in (-1, math.inf, math.nan, "1", True):
+        with pytest.raises(MetricsError, match=r"min_interval=.*fix: pass the least number of seconds"):
+            ConsoleSink(min_interval=bad)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("bad", [0, -3, 2.5, "80", True])

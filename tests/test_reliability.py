@@ -621,6 +621,55 @@ def test_a_tracker_that_takes_nothing_after_the_run_ends_is_given_up_with_a_warn
     assert sink.closed is not None  # closed, with what it has
 
 
+class SlowWriter(MemorySink):
+    """A tracker that is always ready but takes 10 ms a frame: a publisher reading full batches of it
+    lags behind the journal (as one starved of CPU by other work does)."""
+
+    def write(self, frame: Frame) -> None:
+        time.sleep(0.01)
+        super().write(frame)
+
+
+def test_a_publisher_lagging_at_sched_idle_catches_up_at_normal_priority_then_yields_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Started by a trainer, the publisher runs at SCHED_IDLE. After ``catch_up`` seconds of reading
+    nothing but full batches (it lags: a backlog of 60 frames, 4 per batch, 10 ms each, ``catch_up``
+    0.2 s) it goes back to the normal policy while the backlog lasts, yields again once it has read to
+    the journal's end, and takes the normal policy for the final drain when the run stops."""
+    from posttrain_metrics.publication import process
+    from posttrain_metrics.publication.follower import follow
+
+    journal = tmp_path / "journal.jsonl"
+    closed_journal(journal, 60)
+    lines = journal.read_text().splitlines(keepends=True)
+    assert json.loads(lines[-1])["kind"] == "end"
+    journal.write_text("".join(lines[:-1]))  # the run goes on: no end record yet
+    sink = SlowWriter()
+    calls: list[tuple[bool, int, float]] = []
+    t0 = time.monotonic()
+    monkeypatch.setattr(process, "yield_cpu",
+                        lambda idle: calls.append((idle, len(sink.frames), time.monotonic() - t0)) or True)
+    stop = threading.Event()
+    done: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: done.update(follow(
+        journal, [sink], parent_pid=os.getppid(), stop=stop, batch=4, poll=0.01, catch_up=0.2, report=False,
+        record=False, adapters=GRPO_ADAPTERS)))
+    thread.start()
+    try:
+        wait_for("the publisher to yield again once caught up", lambda: len(calls) >= 3, 60)
+    finally:
+        stop.set()
+        thread.join(60)
+    assert not thread.is_alive()
+    assert [idle for idle, _, _ in calls] == [True, False, True, False], calls
+    (_, at_start, _), (_, lagging, left_idle), (_, caught_up, _), _ = calls
+    assert at_start == 0 and caught_up == 60, calls
+    assert 0 < lagging < 60 and left_idle >= 0.2, calls  # back to normal while the backlog lasted
+    assert [f.step for f in sink.frames] == list(range(1, 61))
+    assert done["status"] == "killed"  # stopped without an end record: the in-process mode's stop
+
+
 @pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
 def test_the_publisher_process_yields_the_cores_to_the_trainer(tmp_path: Path) -> None:
     """While the trainer trains, the publisher process (and its threads) runs at SCHED_IDLE where it may

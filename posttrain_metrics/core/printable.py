@@ -35,4 +35,6 @@ def printable(text: str) -> str:
     >>> printable("run\\x1b[2J\\nhealthy")
     'run\\\\x1b[2J\\\\nhealthy'
     """
+    if text.isprintable():  # no control, format, separator or surrogate character: nothing to escape
+        return text
     return _SUSPECT.sub(_escape, text)

@@ -36,7 +36,7 @@ def demo_sinks(
     """The demo's sink configs: everything embedded under the output folder by default."""
     sinks: list[dict[str, Any]] = [{"type": "journal"}]
     if console:
-        sinks.append({"type": "console"})
+        sinks.append({"type": "console", "min_interval": 0})  # a short run: every step's line is worth reading
     if tensorboard:
         sinks.append({"type": "tensorboard"})
     if mlflow:

@@ -27,6 +27,11 @@ def _fmt(value: Scalar) -> str:
     return f"{value:.4g}" if math.isfinite(value) else str(value)
 
 
+def _positive(value: object) -> bool:
+    """A ``headline_if`` gate is open: a number above zero."""
+    return isinstance(value, (int, float)) and value > 0
+
+
 def format_eta(seconds: float) -> str:
     """``45s``, ``12m05s``, ``3h07m``: short enough for a console line.
 
@@ -77,26 +82,49 @@ class ConsoleSink:
     window, ``n_mini > 1``), else as the last update's label (``update_outcome SKIPPED``).
     ``notes`` are printed after the run line at start and again at close (where the trackers'
     own logs go).
+
+    Train lines come at most every ``min_interval`` seconds (default 0.2 s; 0 prints every
+    ``every``-th step): a run of 10 ms steps prints five lines a second, not a hundred, and the
+    training thread formats one line in twenty (a line costs it ~0.1 ms with cold caches). A step
+    whose update was not applied, whose headline holds a NaN or an infinity, or that is the run's
+    last is always shown, and the last step not shown is printed at close. Validation lines are
+    always shown. Every step is in the journal and the trackers whatever the console shows.
     """
 
     name = "console"
     stores_nonfinite = frozenset({"nan", "inf"})
     inline = True  # written on the training thread, never by the publisher process
+    raw_frames = True  # takes frames as reduced: labels as text, flags as bools (no indicator series)
 
     def __init__(
         self,
         *,
         keys: Sequence[str] | None = None,
         every: int = 1,
+        min_interval: float = 0.2,
         stream: TextIO | None = None,
         total_steps: int | None = None,
     ) -> None:
         self.keys = tuple(keys) if keys is not None else None
         self.every = max(1, int(every))
+        if isinstance(min_interval, bool) or not isinstance(min_interval, (int, float)) or not (
+            0 <= min_interval < math.inf
+        ):
+            raise MetricsError(
+                f"console min_interval={min_interval!r} ({type(min_interval).__name__}); fix: pass the least "
+                "number of seconds between two train lines, >= 0 (0 prints every step)"
+            )
+        self.min_interval = float(min_interval)
+        self._shown_at = -math.inf  # wall time of the last train line printed
+        self._held: Frame | None = None  # the last train frame not printed yet (shown at close)
         self.stream = stream
         self.total_steps = check_total_steps(total_steps)
         self.notes: list[str] = []
         self._catalog: dict[str, KeyInfo] = {}
+        # The headline keys in catalogue order, each with the key that gates it (or None) and its
+        # shown name: what ``headline_keys`` finds, worked out once per run instead of once per line.
+        self._headline: list[tuple[str, str | None, str]] = []
+        self._clock: tuple[int, str] = (-1, "")  # the last second shown, as text
         self._first: tuple[int, float] | None = None  # (step, time) of the first train line: the ETA's origin
         self._closed = False
 
@@ -106,6 +134,11 @@ class ConsoleSink:
 
     def start(self, run: RunInfo) -> None:
         self._catalog = dict(run.keys)
+        self._headline = [
+            (key, f"{info.namespace}/{info.metric.headline_if}" if info.metric.headline_if else None,
+             key.split("/", 1)[-1])
+            for key, info in self._catalog.items() if info.metric.headline
+        ]
         self._closed = False
         total = f", {self.total_steps} steps" if self.total_steps else ""
         self._print(f"run {run.name} ({run.run_id}): adapters {', '.join(run.adapters)}{total}")
@@ -114,11 +147,16 @@ class ConsoleSink:
 
     def line(self, frame: Frame) -> str:
         m = frame.metrics
-        keys = [k for k in self.keys if k in m] if self.keys is not None else headline_keys(self._catalog, m)
+        if self.keys is not None:
+            keys = [k for k in self.keys if k in m]
+        elif self._headline or not self._catalog:
+            keys = [key for key, gate, _ in self._headline if key in m and (gate is None or _positive(m.get(gate)))]
+        else:  # a catalogue handed in after start
+            keys = headline_keys(self._catalog, m)
         when = frame.wall_time or time.time()
         total = self.total_steps
         step = f"{frame.step}/{total}" if total and frame.phase == "train" else str(frame.step)
-        parts = [f"{time.strftime('%H:%M:%S', time.localtime(when))} {frame.phase} step {step}"]
+        parts = [f"{self._time(when)} {frame.phase} step {step}"]
         for key in keys:
             value = m[key]
             if isinstance(value, str):
@@ -136,6 +174,13 @@ class ConsoleSink:
                 parts.append(f"eta {format_eta(eta)}")
         return " | ".join(parts)
 
+    def _time(self, when: float) -> str:
+        """``HH:MM:SS`` local time, formatted once per second."""
+        second = int(when)
+        if second != self._clock[0]:
+            self._clock = (second, time.strftime("%H:%M:%S", time.localtime(when)))
+        return self._clock[1]
+
     def _eta(self, step: int, when: float) -> float | None:
         if self._first is None:
             self._first = (step, when)
@@ -147,19 +192,47 @@ class ConsoleSink:
         return max(0, self.total_steps - step) * per_step
 
     def write(self, frame: Frame) -> None:
-        if frame.step % self.every == 0 or frame.phase != "train":
+        if frame.phase != "train":
             self._print(self.line(frame))
-        elif frame.phase == "train" and self._first is None:
-            self._first = (frame.step, frame.wall_time or time.time())
+            return
+        when = frame.wall_time or time.time()
+        if frame.step % self.every == 0:
+            if when - self._shown_at >= self.min_interval or self._notable(frame):
+                self._shown_at, self._held = when, None
+                self._print(self.line(frame))
+                return
+            self._held = frame
+        if self._first is None:
+            self._first = (frame.step, when)
+
+    def _notable(self, frame: Frame) -> bool:
+        """A line shown whatever ``min_interval`` says: the run's last step, an update that was not
+        applied, a headline value that is NaN or infinite."""
+        m = frame.metrics
+        if self.total_steps and frame.step >= self.total_steps:
+            return True
+        outcome = m.get(OUTCOME_KEY)
+        if outcome is not None:
+            counts = update_counts(m)
+            if (any(n for o, n in counts.items() if o != "applied") if counts is not None
+                    else isinstance(outcome, str) and outcome != "applied"):
+                return True
+        keys = self.keys if self.keys is not None else [key for key, _, _ in self._headline]
+        return any(type(v) is float and v - v != 0.0 for v in map(m.get, keys))
 
     def close(self, *, failed: bool = False) -> None:
         if self._closed:
             return
         self._closed = True
+        held, self._held = self._held, None
+        if held is not None:  # the run's last figures, whatever the interval
+            self._print(self.line(held))
         for note in self.notes:
             self._print(note)
 
     def _print(self, text: str) -> None:
         # Run names, keys and labels may hold control characters (a replayed journal is anyone's
         # data): escaped, so that one printed line stays one line.
-        print(printable(text), file=self.stream or sys.stdout, flush=True)
+        stream = self.stream or sys.stdout
+        stream.write(printable(text) + "\n")
+        stream.flush()

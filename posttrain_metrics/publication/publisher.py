@@ -291,6 +291,9 @@ class Publisher:
                 continue
             if not frame.metrics:
                 continue
+            if getattr(sink, "raw_frames", False):  # the console: labels as text, no indicator series
+                self._call(sink, "write", self._for(sink, frame))
+                continue
             if shown is None:
                 shown = display_frame(frame, self.keys)
             self._call(sink, "write", self._for(sink, shown))
