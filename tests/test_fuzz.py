@@ -132,7 +132,7 @@ def test_random_windows_raise_only_metrics_error_and_lose_nothing(tmp_path: Path
         warnings.simplefilter("ignore")  # empty windows and non-finite values are warned about once
         run()
         pub.close()
-    assert outcomes["frame"] > 10 and outcomes["MetricsError"] > 10, outcomes  # both paths were explored
+    assert outcomes["frame"] >= 5 and outcomes["MetricsError"] >= 5, outcomes  # both paths were explored
     journal = read_journal(tmp_path / "journal.jsonl")
     assert len(journal.frames) == len(published)
     for got, want in zip(journal.frames, published):  # every frame ever published, exactly
