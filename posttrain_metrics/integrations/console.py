@@ -27,6 +27,18 @@ def _fmt(value: Scalar) -> str:
     return f"{value:.4g}" if math.isfinite(value) else str(value)
 
 
+def _label_text(metrics: Mapping[str, Scalar], key: str, value: str) -> str | None:
+    """What a line says of a label, or None when there is nothing to say: the optimizer outcome as the
+    window's updates by outcome when one was not applied (or its label alone when the producer reports
+    no counts); any other label when it is not ``applied``."""
+    counts = update_counts(metrics) if key == OUTCOME_KEY else None
+    if counts is not None:
+        if any(n for o, n in counts.items() if o != "applied"):
+            return "updates " + ", ".join(f"{o} {n}" for o, n in counts.items() if n)
+        return None
+    return None if value == "applied" else f"{key.rsplit('/', 1)[-1]} {value.upper()}"
+
+
 def _positive(value: object) -> bool:
     """A ``headline_if`` gate is open: a number above zero."""
     return isinstance(value, (int, float)) and value > 0
@@ -160,12 +172,9 @@ class ConsoleSink:
         for key in keys:
             value = m[key]
             if isinstance(value, str):
-                counts = update_counts(m) if key == OUTCOME_KEY else None
-                if counts is not None:
-                    if any(n for o, n in counts.items() if o != "applied"):
-                        parts.append("updates " + ", ".join(f"{o} {n}" for o, n in counts.items() if n))
-                elif value != "applied":
-                    parts.append(f"{key.rsplit('/', 1)[-1]} {value.upper()}")
+                said = _label_text(m, key, value)
+                if said is not None:
+                    parts.append(said)
                 continue
             parts.append(f"{key.split('/', 1)[-1]} {_fmt(value)}")
         if frame.phase == "train":
@@ -212,11 +221,8 @@ class ConsoleSink:
         if self.total_steps and frame.step >= self.total_steps:
             return True
         outcome = m.get(OUTCOME_KEY)
-        if outcome is not None:
-            counts = update_counts(m)
-            if (any(n for o, n in counts.items() if o != "applied") if counts is not None
-                    else isinstance(outcome, str) and outcome != "applied"):
-                return True
+        if isinstance(outcome, str) and _label_text(m, OUTCOME_KEY, outcome) is not None:
+            return True
         keys = self.keys if self.keys is not None else [key for key, _, _ in self._headline]
         return any(type(v) is float and v - v != 0.0 for v in map(m.get, keys))
 
