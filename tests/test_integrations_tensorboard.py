@@ -9,6 +9,8 @@ import re
 import struct
 import subprocess
 import sys
+import threading
+import time
 import warnings
 from pathlib import Path
 
@@ -528,15 +530,43 @@ def mixed_run() -> list[Frame]:
     return [*frames[:4], val, *frames[4:5], Frame(6, odd, "train", frames[5].wall_time), *frames[6:], *more]
 
 
-def test_event_bytes_equal_tensorboards_own_protos_and_read_back_like_its_writer(tmp_path):
+class SlowDisk:
+    """A file whose writes take 20 ms on the sink's writer thread (immediate on any other thread)."""
+
+    def __init__(self, file):
+        self.file = file
+
+    def write(self, data: bytes) -> int:
+        if threading.current_thread().name == "posttrain-metrics-tensorboard-writer":
+            time.sleep(0.02)
+        return self.file.write(data)
+
+    def __getattr__(self, name: str):
+        return getattr(self.file, name)
+
+
+@pytest.mark.parametrize("background, flush", [(None, "step"), (1, "step"), (5000, 3)],
+                         ids=["on the calling thread", "every flush by the writer thread", "mixed"])
+def test_event_bytes_equal_tensorboards_own_protos_and_read_back_like_its_writer(tmp_path, monkeypatch,
+                                                                                  background, flush):
+    # background: the flush size from which the writer thread writes (None: the sink's own, which a
+    # step's event never reaches). "mixed": flushes of 1-3 steps (2-7 KB) on either side of 5 KB, and a
+    # queue of one batch, so small flushes also go after queued ones: the file must keep their order.
     from tensorboard.compat.proto import event_pb2
     from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
+    from posttrain_metrics.integrations import tensorboard as tb_module
+
+    if background is not None:
+        monkeypatch.setattr(tb_module, "_BACKGROUND_BYTES", background)
+        monkeypatch.setattr(tb_module, "_QUEUED", 1)
+    if background == 5000:  # a slow disk: the writer thread is still busy when the next, small, flush comes
+        monkeypatch.setattr(tb_module, "open", lambda *a, **kw: SlowDisk(open(*a, **kw)), raising=False)  # noqa: SIM115
     frames = mixed_run()
     keys = describe([get_adapter(a) for a in GRPO_ADAPTERS])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the float32 overflow warning (tested above)
-        _, sink = publish(tmp_path, frames, layout=False, hparams=False)
+        _, sink = publish(tmp_path, frames, layout=False, hparams=False, flush=flush)
     want = oracle_events(frames, keys)
     got = records(sink.path)[2:]  # after the file version and the config event
     assert len(got) == len(want)
@@ -560,6 +590,47 @@ def test_event_bytes_equal_tensorboards_own_protos_and_read_back_like_its_writer
     assert math.isnan(ours.Scalars("train/kl_max")[5].value)
     assert [e.step for e in ours.Scalars("train/loss_avg")][-4:] == [127, 128, 300, 70000]
 
+
+
+def test_a_write_that_fails_on_the_writer_thread_is_the_sinks_failure_not_a_hang(tmp_path, monkeypatch):
+    # A disk that fills up mid-run: the writer thread's OSError reaches the publisher (warned once,
+    # counted), the run closes without hanging, and what was written before the failure reads back.
+    from posttrain_metrics.integrations import tensorboard as tb_module
+
+    monkeypatch.setattr(tb_module, "_BACKGROUND_BYTES", 1)  # every flush by the writer thread
+    monkeypatch.setattr(tb_module, "_QUEUED", 1)
+    frames = grpo_run(steps=6)
+    sink = TensorBoardSink(log_dir=tmp_path / "tb")
+    pub = Publisher([sink], adapters=GRPO_ADAPTERS, run_name="t", background=False)
+    pub.start({"seed": 1})
+    for frame in frames[:3]:
+        pub.publish(frame)
+    sink._writer._queue.join()  # steps 1-3 written; the disk fills up from step 4 on
+    real = sink._writer._file
+
+    class Full:
+        closed = False
+
+        def write(self, data: bytes) -> int:
+            raise OSError(28, "No space left on device")
+
+        def flush(self) -> None:
+            real.flush()
+
+        def close(self) -> None:
+            real.close()
+            self.closed = True
+
+    sink._writer._file = Full()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for frame in frames[3:]:
+            pub.publish(frame)
+        pub.close()
+    said = [str(w.message) for w in caught if "tensorboard" in str(w.message)]
+    assert len(said) == 1 and "No space left on device" in said[0], said
+    assert pub.failures.get("tensorboard", 0) >= 1
+    assert [e.step for e in load(sink.path).Scalars("train/loss_avg")] == [1, 2, 3]
 
 # -- one directory per run; what the dashboard opens on ------------------------------------------------
 
