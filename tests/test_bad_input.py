@@ -936,7 +936,7 @@ ENCODINGS: dict[str, tuple[bytes, str]] = {
 @pytest.mark.parametrize("command", ["doctor", "plot", "export"])
 @pytest.mark.parametrize("case", list(ENCODINGS))
 def test_a_journal_that_is_not_utf8_is_a_clear_error_in_every_command(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str, command: str
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str, command: str, journal_parser: str
 ) -> None:
     from posttrain_metrics.cli import main
 
@@ -983,13 +983,29 @@ STRICT: dict[str, tuple[dict[str, Any], dict[str, Any], str | None, str]] = {
     "label outside the set": ({}, {"metrics": {"optim/update_outcome": "stepped"}}, None, "declared labels"),
     "number for a label": ({}, {"metrics": {"optim/update_outcome": 1}}, None, "declared labels"),
     "int metric beyond 2**53": ({}, {"metrics": {"train/kl_max": 2**60}}, None, "beyond +/-2**53"),
+    # beyond 64 bits orjson reads an integer as a float: the reader must still see the integer
+    "int metric beyond 2**64": ({}, {"metrics": {"train/kl_max": 2**64}}, None, "beyond +/-2**53"),
+    "int metric below -2**63": ({}, {"metrics": {"train/kl_max": -(2**63) - 1}}, None, "beyond +/-2**53"),
+    "step beyond 2**64": ({}, {"step": 2**64 + 1}, None, "beyond +/-2**53"),
     "created infinite": ({"created": 1e400}, {}, None, "created"),
 }
 
 
+@pytest.fixture(params=["orjson", "json"])
+def journal_parser(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Journal readers parse frame lines with orjson when it is installed, else json: both are tested."""
+    import posttrain_metrics.journal as journal_module
+
+    if request.param == "json":
+        monkeypatch.setattr(journal_module, "_orjson", None)
+    else:
+        assert journal_module._orjson is not None, "orjson is not installed; fix: pip install orjson"
+    return str(request.param)
+
+
 @pytest.mark.parametrize("case", list(STRICT))
 def test_the_journal_reader_refuses_what_it_cannot_replay_faithfully(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str, journal_parser: str
 ) -> None:
     from posttrain_metrics.cli import main
 

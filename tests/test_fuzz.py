@@ -300,3 +300,82 @@ def test_the_inline_fast_path_packs_exactly_what_the_general_path_packs(window: 
         return struct.pack(f"{len(state.sum)}d", *state.sum), struct.pack(f"{len(state.max)}d", *state.max), state.errors
 
     assert packed(True) == packed(False)
+
+
+_EDGE_NUMBERS = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([0.0, -0.0, 2.0**53, 2.0**63, -(2.0**63), 2.0**64, 1e19, 1e-300, 5e-324, 1.7976931348623157e308,
+                     0.1 + 0.2, 1e-5 / 3]),
+    st.integers(-(2**53), 2**53),
+    st.integers(-(2**70), 2**70),  # beyond 2**53: refused; beyond 64 bits orjson would read a float
+    st.booleans(),
+)
+_LINE_METRICS = st.dictionaries(
+    st.one_of(st.sampled_from(["train/kl_max", "train/loss_avg", "optim/update_outcome", "train/grad_norm"]),
+              st.text(min_size=1, max_size=12)),
+    st.one_of(_EDGE_NUMBERS, st.text(max_size=8), st.sampled_from(["applied", "skipped"])),
+    max_size=12,
+)
+
+
+def _by_hand(line: str) -> dict[str, Any]:
+    """A frame line's metrics as the format defines them, read with json and decoded here."""
+    out: dict[str, Any] = {}
+    for key, value in json.loads(line)["metrics"].items():
+        out[key] = float(value["$float"]) if isinstance(value, dict) else value
+    return out
+
+
+@settings(FUZZ, max_examples=300)
+@given(frames=st.lists(_LINE_METRICS, min_size=1, max_size=6), orjson_lines=st.booleans())
+def test_journal_frames_read_as_json_reads_them_whichever_parser_reads(frames: list[dict[str, Any]],
+                                                                     orjson_lines: bool) -> None:
+    # read_journal and the publisher's JournalTail parse frame lines with orjson when installed: what
+    # they return must be what json returns (decoded by hand above), value for value and type for type;
+    # a frame the catalogue refuses must be refused whichever parser read it, with the same error.
+    import orjson
+
+    import posttrain_metrics.journal as journal_module
+    from posttrain_metrics.journal import JournalTail
+
+    header = {"format": "posttrain-metrics-journal", "version": 1, "kind": "header", "run_id": "fuzz01",
+              "name": "fuzz", "created": 1.7e9, "adapters": ["grpo", "trainer"], "config": {}}
+    lines = [json.dumps(header)]
+    for step, metrics in enumerate(frames, 1):
+        encoded = {k: {"$float": "NaN" if v != v else "Infinity" if v > 0 else "-Infinity"}
+                   if isinstance(v, float) and not math.isfinite(v) else v for k, v in metrics.items()}
+        record = {"kind": "frame", "run_id": "fuzz01", "step": step, "phase": "train", "time": 1.7e9 + step,
+                  "metrics": encoded}
+        try:
+            lines.append(orjson.dumps(record).decode() if orjson_lines else json.dumps(record, allow_nan=False))
+        except TypeError:  # orjson writes no integer beyond 64 bits
+            lines.append(json.dumps(record, allow_nan=False))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "journal.jsonl"
+        path.write_text("\n".join(lines) + "\n")
+        results = []
+        for parser in (orjson, None):
+            journal_module._orjson = parser
+            try:
+                results.append(read_journal(path).frames)
+            except MetricsError as exc:
+                results.append(str(exc))
+            finally:
+                journal_module._orjson = orjson
+        tail = [r.frame for r in JournalTail(path).read() if r.frame is not None]
+    fast, plain = results
+    if isinstance(plain, str):
+        assert fast == plain  # refused the same way
+        return
+    assert not isinstance(fast, str), fast
+    for got in (fast, plain, tail):
+        assert len(got) == len(frames)
+        for frame, line in zip(got, lines[1:]):
+            want = _by_hand(line)
+            assert list(frame.metrics) == list(want)
+            for key, value in want.items():
+                have = frame.metrics[key]
+                assert type(have) is type(value), (key, have, value)
+                assert have == value or (value != value and have != have), (key, have, value)
+                if isinstance(value, float):
+                    assert math.copysign(1.0, have) == math.copysign(1.0, value), key  # -0.0 stays -0.0
