@@ -280,17 +280,16 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 def _lines(path: Path) -> Iterator[tuple[int, str | UnicodeDecodeError, bool]]:
     """``(number, text, last)`` per non-blank line; ``last``: no newline after it (possibly torn).
     A line that is not UTF-8 comes as its decoding error, for the reader to name the line."""
-    with open(path, "rb") as f:
-        data = f.read()
-    parts = data.split(b"\n")
-    for i, raw in enumerate(parts, 1):
-        if not raw.strip():
-            continue
-        try:
-            line: str | UnicodeDecodeError = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            line = exc
-        yield i, line, i == len(parts)
+    with open(path, "rb") as f:  # line by line: a long run's journal is never held twice over
+        for i, raw in enumerate(f, 1):
+            last = not raw.endswith(b"\n")
+            if not raw.strip():
+                continue
+            try:
+                line: str | UnicodeDecodeError = (raw if last else raw[:-1]).decode("utf-8")
+            except UnicodeDecodeError as exc:
+                line = exc
+            yield i, line, last
 
 
 def _encoding_problem(exc: UnicodeDecodeError) -> str:

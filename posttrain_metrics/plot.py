@@ -19,6 +19,7 @@ directly, so neither the import of this module nor a call changes pyplot's globa
 
 from __future__ import annotations
 
+import array
 import dataclasses
 import math
 import os
@@ -97,27 +98,58 @@ NONFINITE_COLOUR = "#d62728"
 Series = list[tuple[int, float]]
 
 
+BUCKETS = 1000
+"""A series of more than ``4 * BUCKETS`` points is drawn from at most four points per bucket of the
+run's steps (the first, the last, the lowest and the highest, as M4 charts do: every spike stays
+visible, and the curve runs to the last step), so a run of 100k steps draws a page of a few thousand
+points per curve (a panel is 700 pixels wide) and takes bounded memory."""
+
+
 class _Data:
     """The journal's numeric and label series by key, with the run's non-finite points."""
 
     def __init__(self, journal: JournalLike) -> None:
-        self.numeric: dict[str, Series] = {}
+        import numpy as np  # matplotlib's own dependency
+
+        steps: dict[str, array.array[int]] = {}  # 16 bytes a point while reading, not a tuple's 80
+        values: dict[str, array.array[float]] = {}
         self.nonfinite: dict[str, list[int]] = {}
-        self.labels: dict[str, list[tuple[int, str]]] = {}
+        labels: dict[str, list[tuple[int, str]]] = {}
+        seen: set[int] = set()
         for frame in journal.frames:
+            step = frame.step
+            seen.add(step)
             for key, value in frame.metrics.items():
-                if isinstance(value, str):
-                    self.labels.setdefault(key, []).append((frame.step, value))
-                elif isinstance(value, float) and not math.isfinite(value):
-                    self.nonfinite.setdefault(key, []).append(frame.step)
+                t = type(value)
+                if t is str:
+                    labels.setdefault(key, []).append((step, value))  # type: ignore[arg-type]
+                elif t is float and value - value != 0.0:  # type: ignore[operator]
+                    self.nonfinite.setdefault(key, []).append(step)
                 else:
-                    self.numeric.setdefault(key, []).append((frame.step, float(value)))
+                    if key not in steps:
+                        steps[key], values[key] = array.array("q"), array.array("d")
+                    steps[key].append(step)
+                    values[key].append(float(value))
+        self.steps = sorted(seen)
+        lo, hi = (self.steps[0], self.steps[-1]) if self.steps else (0, 0)
         # A step written twice (a resumed run replaying steps; the doctor's step_order finding) is
         # drawn once, with its last value, as the trackers keep it; lines then run forward in steps.
-        self.numeric = {k: sorted(dict(v).items()) for k, v in self.numeric.items()}
-        self.labels = {k: sorted(dict(v).items()) for k, v in self.labels.items()}
+        self.numeric: dict[str, Series] = {}
+        for key in steps:
+            s = np.frombuffer(steps[key], dtype=np.int64)
+            v = np.frombuffer(values[key], dtype=np.float64)
+            order = np.argsort(s, kind="stable")
+            s, v = s[order], v[order]
+            last = np.append(s[1:] != s[:-1], True)  # the last of each step, in file order
+            s, v = s[last], v[last]
+            if len(s) > 4 * BUCKETS:
+                kept = _extremes(s, v, lo, hi, np)
+                s, v = s[kept], v[kept]
+            self.numeric[key] = list(zip(s.tolist(), v.tolist()))
+        steps.clear()
+        values.clear()
+        self.labels = {k: _thinned(sorted(dict(v).items()), lo, hi) for k, v in labels.items()}
         self.keys = set(self.numeric) | set(self.nonfinite)
-        self.steps = sorted({f.step for f in journal.frames})
 
     def keys_of(self, leaf: str) -> list[str]:
         """Present keys whose leaf is ``leaf``, ``train/`` first, then ``val/``, then the rest."""
@@ -131,6 +163,34 @@ class _Data:
         if not keys:
             return None
         return any(v > 0 for k in keys for _, v in self.numeric.get(k, []))
+
+
+def _bucket(step: int, lo: int, hi: int) -> int:
+    return (step - lo) * BUCKETS // (hi - lo + 1)
+
+
+def _extremes(s: Any, v: Any, lo: int, hi: int, np: Any) -> Any:
+    """Indices of the first, last, lowest and highest point of each of ``BUCKETS`` buckets of the
+    steps ``lo``-``hi`` (``s`` sorted), in order."""
+    buckets = np.floor((s - lo) * (BUCKETS / (hi - lo + 1)))  # float64: steps up to 2**53 do not overflow
+    starts = np.flatnonzero(np.r_[True, buckets[1:] != buckets[:-1]])
+    ends = np.r_[starts[1:], len(s)]
+    spans = list(zip(starts.tolist(), ends.tolist()))
+    lows = [a + int(np.argmin(v[a:b])) for a, b in spans]
+    highs = [a + int(np.argmax(v[a:b])) for a, b in spans]
+    return np.unique(np.concatenate([starts, ends - 1, np.array(lows, dtype=np.int64),
+                                     np.array(highs, dtype=np.int64)]))
+
+
+def _thinned(points: list[tuple[int, str]], lo: int, hi: int) -> list[tuple[int, str]]:
+    """A label series of more than ``4 * BUCKETS`` points: the first point of each label in each
+    bucket of steps (a strip marker per bucket where the label occurs)."""
+    if len(points) <= 4 * BUCKETS:
+        return points
+    kept: dict[tuple[int, str], tuple[int, str]] = {}
+    for step, label in points:
+        kept.setdefault((_bucket(step, lo, hi), label), (step, label))
+    return sorted(kept.values())
 
 
 def _headline_keys(adapters: Iterable[str]) -> tuple[dict[str, str], set[str]]:

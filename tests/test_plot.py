@@ -194,3 +194,38 @@ def test_missing_matplotlib_names_the_extra(tmp_path, monkeypatch):
     with pytest.raises(MetricsError, match=r"pip install 'posttrain-metrics\[plot\]'"):
         dashboard(journal, [], tmp_path / "x.png")
     assert not (tmp_path / "x.png").exists()
+
+
+def test_a_long_run_draws_bounded_points_that_keep_every_spike(tmp_path, monkeypatch):
+    # 10,000 steps (more than four points per bucket of the page): each curve is drawn from a bounded
+    # number of points, yet its first and last step, its spike and its dip, a step written twice (with
+    # its last value), the mean +- std band and a label that occurs twice all stay on the page.
+    header = {"format": "posttrain-metrics-journal", "version": 1, "kind": "header", "run_id": "long01",
+              "name": "long", "created": 1.7e9, "adapters": list(GRPO_ADAPTERS), "config": {}}
+    frames = []
+    for step in range(1, 10_001):
+        grad = 500.0 if step == 7777 else 0.001 if step == 4242 else 1.0 + (step % 7) * 0.01
+        frames.append(Frame(step, {"train/grad_norm": grad, "train/reward_mean": 0.5 + (step % 5) * 0.01,
+                                   "train/reward_std": 0.1, "optim/update_outcome":
+                                   "skipped" if step in (3333, 3334) else "applied"}, "train", 1.7e9 + step))
+        if step == 5000:  # a resumed run wrote step 5000 again: the last value is the one drawn
+            frames.append(Frame(5000, {**frames[-1].metrics, "train/grad_norm": 3.0}, "train", 1.7e9 + step))
+    journal = Journal(tmp_path / "j.jsonl", header, frames, {"kind": "end", "status": "finished"}, [])
+    saved = drawn_figure(monkeypatch)
+    check_png(dashboard(journal, [], tmp_path / "long.png"))
+    [figure] = saved
+    axes = {ax.get_title(loc="left"): ax for ax in figure.axes if ax.get_title(loc="left")}
+    [line] = [x for x in axes["Gradient norm (pre-clip)"].get_lines() if x.get_marker() != "x"]
+    points = dict(zip(line.get_xdata().tolist(), line.get_ydata().tolist()))
+    assert 1000 <= len(points) <= 4000, len(points)
+    assert points[7777] == 500.0 and points[4242] == 0.001 and points[5000] == 3.0
+    assert min(points) == 1 and max(points) == 10_000
+    assert all(value == 1.0 + (step % 7) * 0.01 for step, value in points.items() if step not in (7777, 4242, 5000))
+    [band] = axes["Reward"].collections
+    assert len(band.get_paths()[0].vertices) >= 2 * 1000  # mean +- std at a thousand steps or more
+    strip = axes["Label keys (one row per label)"]
+    rows = {t.get_text(): i for i, t in enumerate(strip.get_yticklabels())}
+    marked = {round(y): sorted(float(x) for x, yy in c.get_offsets() if round(yy) == round(y))
+              for c in strip.collections for _, y in c.get_offsets()[:1]}
+    assert marked[rows["update_outcome: skipped"]] == [3333.0]  # both skips fall in one bucket of 10 steps
+    assert 900 <= len(marked[rows["update_outcome: applied"]]) <= 1000
