@@ -348,7 +348,8 @@ def _check_frame(record: Mapping[str, Any], metrics: Mapping[str, Scalar], keys:
 def _plain_frame(record: Mapping[str, Any], metrics: Mapping[str, Scalar], keys: Mapping[str, KeyInfo],
                  labelled: Mapping[str, tuple[str, ...]]) -> bool:
     """Whether the frame plainly passes :func:`_check_frame` (its usual case, checked quickly): an int
-    step and time within range, numbers within range where no label is declared, declared labels."""
+    step and time within range, numbers within range where no label is declared, declared labels,
+    and no float of 2**63 or more in size (what orjson makes of an integer beyond 64 bits)."""
     step, wall = record.get("step"), record.get("time", 0.0)
     if type(step) is not int or not -MAX_EXACT_INT <= step <= MAX_EXACT_INT:
         return False
@@ -356,7 +357,10 @@ def _plain_frame(record: Mapping[str, Any], metrics: Mapping[str, Scalar], keys:
         return False
     for key, value in metrics.items():
         t = type(value)
-        if t is float or t is bool:
+        if t is float:
+            if key in labelled or value >= _INT64 or value <= -_INT64:  # type: ignore[operator]
+                return False
+        elif t is bool:
             if key in labelled:
                 return False
         elif t is str:
@@ -465,8 +469,14 @@ def read_journal(path: str | os.PathLike[str]) -> Journal:
             labelled = {key: info.metric.labels for key, info in keys.items() if info.metric.labels}
         elif kind == "frame":
             try:
-                record, metrics = _frame_metrics(line, record, strict)
-                if not _plain_frame(record, metrics, keys, labelled):
+                # orjson's dict as it is, unless a value needs decoding ({"$float": ...}); a frame that is
+                # not plainly valid (see _plain_frame: a float beyond 64-bit integers among others) is
+                # read again by json, which decides, and checked value by value
+                metrics = record["metrics"] if strict and "$float" not in line else _metrics(record)
+                if not (type(metrics) is dict and _plain_frame(record, metrics, keys, labelled)):
+                    if strict:
+                        record = json.loads(line)
+                        metrics = _metrics(record)
                     _check_frame(record, metrics, keys)  # names what is wrong, if anything is
                 frames.append(Frame(record["step"], metrics, str(record.get("phase", "train")),
                                     float(record.get("time", 0.0))))
