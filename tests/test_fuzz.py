@@ -379,3 +379,46 @@ def test_journal_frames_read_as_json_reads_them_whichever_parser_reads(frames: l
                 assert have == value or (value != value and have != have), (key, have, value)
                 if isinstance(value, float):
                     assert math.copysign(1.0, have) == math.copysign(1.0, value), key  # -0.0 stays -0.0
+
+
+_SHAPE_VALUES = st.one_of(st.floats(allow_nan=True), st.integers(-5, 5), st.booleans(),
+                          st.sampled_from(["a", "b", "c", "other", ""]), st.just(np.float64(0.5)), st.just(np.bool_(True)))
+
+
+@settings(FUZZ, max_examples=300)
+@given(frames=st.lists(st.lists(_SHAPE_VALUES, min_size=4, max_size=4), min_size=1, max_size=8),
+       keys_of=st.lists(st.sampled_from(["shape/outcome", "shape/loss", "shape/flag", "n", "optim/verdict"]),
+                        min_size=4, max_size=4, unique=True))
+def test_display_frames_are_what_the_rule_says_whatever_shapes_came_before(frames: list[list[Any]],
+                                                                           keys_of: list[str]) -> None:
+    # display_frame works out a frame's shape once (keys and value types) and reuses it: frames of
+    # one key set whose types change from one to the next must still display by the rule, written
+    # out here by hand: bools as 0/1 ints, a label of a categorical key followed by one 0/1 int per
+    # declared label (all 0 for a value that is none of them), everything else as it is, in order.
+    from posttrain_metrics.core.adapter import Metric, MetricAdapter
+    from posttrain_metrics.core.reduction import Reduction as R
+    from posttrain_metrics.publication.publisher import display_frame
+
+    adapter = MetricAdapter("shapefuzz", internal_prefix="shapefuzz_", metrics=[
+        Metric("outcome", R.CATEGORICAL, "A label", labels=("a", "b"), namespace="shape"),
+        Metric("verdict", R.CATEGORICAL, "A label", labels=("c",), namespace="optim"),
+        Metric("loss", R.MEAN, "A number", namespace="shape"),
+    ])
+    keys = describe([adapter])
+    labels = {"shape/outcome": ("a", "b"), "optim/verdict": ("c",)}
+    assert set(labels) <= set(keys)
+    for step, values in enumerate(frames):
+        frame = Frame(step, dict(zip(keys_of, values)))
+        want: list[tuple[str, Any]] = []
+        for key, value in frame.metrics.items():
+            if isinstance(value, bool):
+                want.append((key, int(value)))
+                continue
+            want.append((key, value))
+            if isinstance(value, str) and key in labels:
+                want += [(f"{key}/{label}", int(value == label)) for label in labels[key]]
+        got = list(display_frame(frame, keys).metrics.items())
+        assert [k for k, _ in got] == [k for k, _ in want]
+        for (key, have), (_, value) in zip(got, want):
+            assert type(have) is type(value), (key, have, value)
+            assert have == value or (have != have and value != value), (key, have, value)
