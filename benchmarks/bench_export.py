@@ -269,6 +269,7 @@ def main() -> int:
         t0 = time.perf_counter()
         journal = read_journal(root / "journal.jsonl")
         read = time.perf_counter() - t0
+        read_frames_s = n / read
         check_journal(journal, frames)
         k = len(frames[0].metrics)
         size = (root / "journal.jsonl").stat().st_size
@@ -349,6 +350,9 @@ def main() -> int:
 
     tb = figures["tensorboard"]
     rate = tb["frames"] / tb["seconds"]
+    print(f"\n`posttrain-metrics export JOURNAL --to tensorboard` end to end (it reads the journal, checking every "
+          f"line, then exports): read {read:.1f} s + export {tb['seconds']:.1f} s = {n / (read + tb['seconds']):,.0f} "
+          "frames/s")
     print(f"\n- target >= 20,000 frames/s into TensorBoard: {'met' if rate >= 20_000 else 'MISSED'} "
           f"({rate:,.0f} frames/s)")
     incomplete = {name: f"{fig['held']} of {fig['frames']}" for name, fig in figures.items()
@@ -356,8 +360,8 @@ def main() -> int:
     print(f"- check, every target holds every step after export: {'yes' if not incomplete else f'NO: {incomplete}'}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({name: {k: v for k, v in fig.items() if k != "warnings"} for name, fig in figures.items()}, f,
-                      indent=1)
+            json.dump({**{name: {k: v for k, v in fig.items() if k != "warnings"} for name, fig in figures.items()},
+                   "read_journal": {"frames": n, "seconds": read, "frames_s": read_frames_s}}, f, indent=1)
     return 0
 
 
