@@ -345,8 +345,9 @@ def main() -> int:
         c_us = (time.perf_counter() - t0) / 2000 * 1e6
         print(f"\nrecord framing: TensorBoard's own writer frames every record with a pure-Python CRC-32C "
               f"(`masked_crc32c`): {bytes_per_frame:,.0f} bytes per frame cost {crc_us:.0f} us (a cap of "
-              f"{1e6 / crc_us:,.0f} frames/s); the sink writes the same format synchronously with "
-              f"`{getattr(c_crc, '__module__', '?')}.{getattr(c_crc, '__name__', '?')}`: {c_us:.2f} us per frame.")
+              f"{1e6 / crc_us:,.0f} frames/s); the sink frames the same format on the calling thread with "
+              f"`{getattr(c_crc, '__module__', '?')}.{getattr(c_crc, '__name__', '?')}`: {c_us:.2f} us per frame (a "
+              "batch's write goes to a writer thread, so framing the next batch overlaps a throttled disk).")
 
     tb = figures["tensorboard"]
     rate = tb["frames"] / tb["seconds"]

@@ -526,11 +526,18 @@ class JournalTail:
         self.offset = offset
         self.line_number = 0
 
-    def read(self, limit: int = 1 << 30, max_bytes: int = 8 << 20) -> list[Record]:
+    def read(self, limit: int = 1 << 30, max_bytes: int = 1 << 20) -> list[Record]:
+        """At most ``limit`` complete lines, from about ``max_bytes`` of the file (a follower's batch of
+        512 frames at K = 61 is about 1 MB; more is read when one line is longer)."""
         try:
             with open(self.path, "rb") as f:
                 f.seek(self.offset)
                 data = f.read(max_bytes)
+                while b"\n" not in data:  # a line longer than max_bytes (a large config in a header)
+                    more = f.read(max_bytes)
+                    if not more:
+                        break
+                    data += more
         except FileNotFoundError:
             return []
         out: list[Record] = []

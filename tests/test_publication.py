@@ -491,3 +491,35 @@ def test_display_frames_are_built_in_order_whatever_the_plan_cache_holds() -> No
     plain = Frame(4, {"train/loss": 0.125, "n": 1})
     out = display_frame(plain, keys_ab)
     assert out.metrics == {"train/loss": 0.125, "n": 1} and out.metrics is not plain.metrics
+
+
+def test_the_tail_reads_a_line_longer_than_its_read_size_and_reads_in_order(tmp_path):
+    """The publisher's reader takes about max_bytes of the journal per read: a line longer than that
+    (a header with a large config) is still read whole, and a torn last line waits for its end."""
+    from posttrain_metrics.journal import JournalTail
+
+    path = tmp_path / "j.jsonl"
+    config = {f"key_{i}": "x" * 50 for i in range(40)}  # a header line of about 2.5 KB
+    frames = grpo_run(steps=5)
+    publish(frames, [JournalSink(path)], config=config)
+    text = path.read_bytes()
+    assert len(text.splitlines()[0]) > 2000
+    tail = JournalTail(path)
+    records = []
+    for _ in range(50):
+        got = tail.read(limit=2, max_bytes=256)
+        if not got:
+            break
+        records += got
+    assert [r.kind for r in records] == ["header", *["frame"] * 5, "end"]
+    assert records[0].header["config"] == config
+    assert [r.frame.step for r in records if r.frame is not None] == [f.step for f in frames]
+    # a torn last line is not read until it ends
+    torn = tmp_path / "torn.jsonl"
+    torn.write_bytes(text.splitlines(keepends=True)[0] + text.splitlines(keepends=True)[1][:100])
+    tail = JournalTail(torn)
+    assert [r.kind for r in tail.read(max_bytes=64)] == ["header"] and tail.read(max_bytes=64) == []
+    with open(torn, "ab") as f:
+        f.write(text.splitlines(keepends=True)[1][100:])
+    [frame] = tail.read(max_bytes=64)
+    assert frame.frame is not None and frame.frame.step == frames[0].step
