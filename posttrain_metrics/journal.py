@@ -106,10 +106,10 @@ def _loads(line: str | bytes) -> tuple[Any, bool]:
 
 def _frame_metrics(line: str | bytes, record: dict[str, Any], fast: bool) -> tuple[dict[str, Any], dict[str, Scalar]]:
     """A frame record's decoded metrics. orjson reads an integer beyond 64 bits as a float (json: an
-    integer, which readers refuse): a frame with a float that large, or a step that is not an int,
-    is read again by json, so the two readings never differ."""
+    integer, which readers refuse): a frame with a float that large, a step that is not an int or a
+    phase that is not a string is read again by json, so the two readings never differ."""
     metrics = _metrics(record)
-    if fast and (type(record.get("step")) is not int
+    if fast and (type(record.get("step")) is not int or type(record.get("phase", "train")) is not str
                  or any(type(v) is float and (v >= _INT64 or v <= -_INT64) for v in metrics.values())):
         record = json.loads(line)
         metrics = _metrics(record)
@@ -281,15 +281,21 @@ def _lines(path: Path) -> Iterator[tuple[int, str | UnicodeDecodeError, bool]]:
     """``(number, text, last)`` per non-blank line; ``last``: no newline after it (possibly torn).
     A line that is not UTF-8 comes as its decoding error, for the reader to name the line."""
     with open(path, "rb") as f:  # line by line: a long run's journal is never held twice over
+        size = os.fstat(f.fileno()).st_size  # what is written now: a live run's later lines wait
+        read = 0
         for i, raw in enumerate(f, 1):
+            if read + len(raw) > size:
+                raw = raw[: size - read]  # the part of a line being written that was there at the start
+            read += len(raw)
             last = not raw.endswith(b"\n")
-            if not raw.strip():
-                continue
-            try:
-                line: str | UnicodeDecodeError = (raw if last else raw[:-1]).decode("utf-8")
-            except UnicodeDecodeError as exc:
-                line = exc
-            yield i, line, last
+            if raw.strip():
+                try:
+                    line: str | UnicodeDecodeError = (raw if last else raw[:-1]).decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    line = exc
+                yield i, line, last
+            if last or read >= size:
+                return
 
 
 def _encoding_problem(exc: UnicodeDecodeError) -> str:
@@ -348,10 +354,13 @@ def _check_frame(record: Mapping[str, Any], metrics: Mapping[str, Scalar], keys:
 def _plain_frame(record: Mapping[str, Any], metrics: Mapping[str, Scalar], keys: Mapping[str, KeyInfo],
                  labelled: Mapping[str, tuple[str, ...]]) -> bool:
     """Whether the frame plainly passes :func:`_check_frame` (its usual case, checked quickly): an int
-    step and time within range, numbers within range where no label is declared, declared labels,
-    and no float of 2**63 or more in size (what orjson makes of an integer beyond 64 bits)."""
+    step and time within range, a string phase, numbers within range where no label is declared,
+    declared labels, and no float of 2**63 or more in size (what orjson makes of an integer beyond 64
+    bits)."""
     step, wall = record.get("step"), record.get("time", 0.0)
     if type(step) is not int or not -MAX_EXACT_INT <= step <= MAX_EXACT_INT:
+        return False
+    if type(record.get("phase", "train")) is not str:  # a number there: json's reading decides its text
         return False
     if type(wall) is not float or not -MAX_EXACT_INT <= wall <= MAX_EXACT_INT:  # NaN fails both
         return False
@@ -527,31 +536,36 @@ class JournalTail:
         self.line_number = 0
 
     def read(self, limit: int = 1 << 30, max_bytes: int = 1 << 20) -> list[Record]:
-        """At most ``limit`` complete lines, from about ``max_bytes`` of the file (a follower's batch of
-        512 frames at K = 61 is about 1 MB; more is read when one line is longer)."""
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read(max_bytes)
-                while b"\n" not in data:  # a line longer than max_bytes (a large config in a header)
-                    more = f.read(max_bytes)
-                    if not more:
-                        break
-                    data += more
-        except FileNotFoundError:
-            return []
+        """The next ``limit`` complete lines (fewer at the end of what is written), read about
+        ``max_bytes`` at a time: a follower's batch of 512 frames is one or two reads, never the whole
+        backlog at once. A torn last line waits for its end."""
         out: list[Record] = []
-        pos = 0
-        while len(out) < limit:
-            end = data.find(b"\n", pos)
-            if end < 0:
-                break
-            line = data[pos:end]
-            pos = end + 1
-            self.line_number += 1
-            if line.strip():
-                out.append(self._parse(line))
-        self.offset += pos
+        try:
+            f = open(self.path, "rb")  # noqa: SIM115 - closed below
+        except FileNotFoundError:
+            return out
+        with f:
+            f.seek(self.offset)
+            data = b""
+            consumed = 0  # the offset moves once every line read is parsed
+            while len(out) < limit:
+                chunk = f.read(max_bytes)
+                if not chunk:
+                    break
+                data += chunk
+                pos = 0
+                while len(out) < limit:
+                    end = data.find(b"\n", pos)
+                    if end < 0:
+                        break
+                    line = data[pos:end]
+                    pos = end + 1
+                    self.line_number += 1
+                    if line.strip():
+                        out.append(self._parse(line))
+                consumed += pos
+                data = data[pos:]  # a line not complete in this read: read on
+        self.offset += consumed
         return out
 
     def _parse(self, line: bytes) -> Record:

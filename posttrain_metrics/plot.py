@@ -134,20 +134,33 @@ class _Data:
         lo, hi = (self.steps[0], self.steps[-1]) if self.steps else (0, 0)
         # A step written twice (a resumed run replaying steps; the doctor's step_order finding) is
         # drawn once, with its last value, as the trackers keep it; lines then run forward in steps.
-        self.numeric: dict[str, Series] = {}
+        series: dict[str, tuple[Any, Any]] = {}
+        kept: dict[str, Any] = {}  # indices drawn, for a series thinned (see BUCKETS)
         for key in steps:
             s = np.frombuffer(steps[key], dtype=np.int64)
             v = np.frombuffer(values[key], dtype=np.float64)
             order = np.argsort(s, kind="stable")
             s, v = s[order], v[order]
             last = np.append(s[1:] != s[:-1], True)  # the last of each step, in file order
-            s, v = s[last], v[last]
-            if len(s) > 4 * BUCKETS:
-                kept = _extremes(s, v, lo, hi, np)
-                s, v = s[kept], v[kept]
-            self.numeric[key] = list(zip(s.tolist(), v.tolist()))
+            series[key] = (s[last], v[last])
+            if len(series[key][0]) > 4 * BUCKETS:
+                kept[key] = _extremes(*series[key], lo, hi, np)
         steps.clear()
         values.clear()
+        # A band (mean +- std) is drawn where both series have a point: each keeps the steps either kept,
+        # so a spike of the mean or of the std stays in the band too.
+        for mean_leaf, std_leaf in {p.band for p in PANELS if p.band is not None}:
+            for key in [k for k in series if k.rsplit("/", 1)[-1] == mean_leaf]:
+                other = key.rsplit("/", 1)[0] + "/" + std_leaf
+                if other in series and (key in kept or other in kept):
+                    both = np.union1d(*(series[k][0][kept[k]] if k in kept else series[k][0] for k in (key, other)))
+                    for k in (key, other):
+                        kept[k] = np.flatnonzero(np.isin(series[k][0], both))
+        self.numeric: dict[str, Series] = {}
+        for key, (s, v) in series.items():
+            if key in kept:
+                s, v = s[kept[key]], v[kept[key]]
+            self.numeric[key] = list(zip(s.tolist(), v.tolist()))
         self.labels = {k: _thinned(sorted(dict(v).items()), lo, hi) for k, v in labels.items()}
         self.keys = set(self.numeric) | set(self.nonfinite)
 

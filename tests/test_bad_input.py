@@ -1101,3 +1101,14 @@ def test_a_hostile_journal_header_costs_export_linear_time(tmp_path: Path) -> No
     small, large = exported(20_000, "small"), exported(200_000, "large")
     assert large / max(small, 1e-3) < 30, (small, large)  # 10x the header: about 10x at most, not 100x
     print(f"[figure] export of a journal with a 200 KB hostile header: {large:.2f} s CPU ({small:.2f} s for 20 KB)")
+
+
+def test_a_phase_written_as_a_huge_number_reads_as_json_writes_it(tmp_path: Path, journal_parser: str) -> None:
+    # orjson reads an integer beyond 64 bits as a float ("1e+20" once made a string); the reader must
+    # give what json gives, whichever parser it uses, and so must the publisher's JournalTail
+    from posttrain_metrics.journal import JournalTail
+
+    path = _strict_journal(tmp_path, {}, {"phase": 10**20})
+    assert [f.phase for f in read_journal(path).frames] == ["train", "100000000000000000000"]
+    tail = [r.frame.phase for r in JournalTail(path).read() if r.frame is not None]
+    assert tail == ["train", "100000000000000000000"]

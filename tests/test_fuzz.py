@@ -327,9 +327,10 @@ def _by_hand(line: str) -> dict[str, Any]:
 
 
 @settings(FUZZ, max_examples=300)
-@given(frames=st.lists(_LINE_METRICS, min_size=1, max_size=6), orjson_lines=st.booleans())
+@given(frames=st.lists(_LINE_METRICS, min_size=1, max_size=6), orjson_lines=st.booleans(),
+       phase=st.one_of(st.just("train"), st.sampled_from(["val", ""]), st.integers(-(2**70), 2**70)))
 def test_journal_frames_read_as_json_reads_them_whichever_parser_reads(frames: list[dict[str, Any]],
-                                                                     orjson_lines: bool) -> None:
+                                                                     orjson_lines: bool, phase: Any) -> None:
     # read_journal and the publisher's JournalTail parse frame lines with orjson when installed: what
     # they return must be what json returns (decoded by hand above), value for value and type for type;
     # a frame the catalogue refuses must be refused whichever parser read it, with the same error.
@@ -344,7 +345,7 @@ def test_journal_frames_read_as_json_reads_them_whichever_parser_reads(frames: l
     for step, metrics in enumerate(frames, 1):
         encoded = {k: {"$float": "NaN" if v != v else "Infinity" if v > 0 else "-Infinity"}
                    if isinstance(v, float) and not math.isfinite(v) else v for k, v in metrics.items()}
-        record = {"kind": "frame", "run_id": "fuzz01", "step": step, "phase": "train", "time": 1.7e9 + step,
+        record = {"kind": "frame", "run_id": "fuzz01", "step": step, "phase": phase, "time": 1.7e9 + step,
                   "metrics": encoded}
         try:
             lines.append(orjson.dumps(record).decode() if orjson_lines else json.dumps(record, allow_nan=False))
@@ -371,6 +372,7 @@ def test_journal_frames_read_as_json_reads_them_whichever_parser_reads(frames: l
     for got in (fast, plain, tail):
         assert len(got) == len(frames)
         for frame, line in zip(got, lines[1:]):
+            assert frame.phase == str(json.loads(line)["phase"])  # a number there reads as json writes it
             want = _by_hand(line)
             assert list(frame.metrics) == list(want)
             for key, value in want.items():
@@ -387,14 +389,16 @@ _SHAPE_VALUES = st.one_of(st.floats(allow_nan=True), st.integers(-5, 5), st.bool
 
 @settings(FUZZ, max_examples=300)
 @given(frames=st.lists(st.lists(_SHAPE_VALUES, min_size=4, max_size=4), min_size=1, max_size=8),
-       keys_of=st.lists(st.sampled_from(["shape/outcome", "shape/loss", "shape/flag", "n", "optim/verdict"]),
+       keys_of=st.lists(st.sampled_from(["shape/outcome", "shape/loss", "shape/flag", "n", "optim/verdict",
+                                         "shape/outcome/a", "optim/verdict/c"]),  # named like indicators
                         min_size=4, max_size=4, unique=True))
 def test_display_frames_are_what_the_rule_says_whatever_shapes_came_before(frames: list[list[Any]],
                                                                            keys_of: list[str]) -> None:
     # display_frame works out a frame's shape once (keys and value types) and reuses it: frames of
     # one key set whose types change from one to the next must still display by the rule, written
     # out here by hand: bools as 0/1 ints, a label of a categorical key followed by one 0/1 int per
-    # declared label (all 0 for a value that is none of them), everything else as it is, in order.
+    # declared label (all 0 for a value that is none of them), everything else as it is, in order; a
+    # frame key named like an indicator: whichever comes later wins, in the place of the first.
     from posttrain_metrics.core.adapter import Metric, MetricAdapter
     from posttrain_metrics.core.reduction import Reduction as R
     from posttrain_metrics.publication.publisher import display_frame
@@ -409,16 +413,17 @@ def test_display_frames_are_what_the_rule_says_whatever_shapes_came_before(frame
     assert set(labels) <= set(keys)
     for step, values in enumerate(frames):
         frame = Frame(step, dict(zip(keys_of, values)))
-        want: list[tuple[str, Any]] = []
+        want: dict[str, Any] = {}  # assigned in order: a later assignment keeps the first place
         for key, value in frame.metrics.items():
             if isinstance(value, bool):
-                want.append((key, int(value)))
+                want[key] = int(value)
                 continue
-            want.append((key, value))
+            want[key] = value
             if isinstance(value, str) and key in labels:
-                want += [(f"{key}/{label}", int(value == label)) for label in labels[key]]
+                for label in labels[key]:
+                    want[f"{key}/{label}"] = int(value == label)
         got = list(display_frame(frame, keys).metrics.items())
-        assert [k for k, _ in got] == [k for k, _ in want]
-        for (key, have), (_, value) in zip(got, want):
+        assert [k for k, _ in got] == list(want)
+        for (key, have), value in zip(got, want.values()):
             assert type(have) is type(value), (key, have, value)
             assert have == value or (have != have and value != value), (key, have, value)

@@ -632,6 +632,60 @@ def test_a_write_that_fails_on_the_writer_thread_is_the_sinks_failure_not_a_hang
     assert pub.failures.get("tensorboard", 0) >= 1
     assert [e.step for e in load(sink.path).Scalars("train/loss_avg")] == [1, 2, 3]
 
+
+class FlakyDisk:
+    """A file whose first ``failures`` writes fail (a disk full for a moment), then write."""
+
+    def __init__(self, file, failures: int):
+        self.file, self.failures = file, failures
+
+    def write(self, data: bytes) -> int:
+        if self.failures:
+            self.failures -= 1
+            raise OSError(28, "No space left on device")
+        return self.file.write(data)
+
+    def __getattr__(self, name: str):
+        return getattr(self.file, name)
+
+
+def test_a_failed_write_on_the_calling_thread_is_written_again_by_the_next_flush(tmp_path):
+    from posttrain_metrics.integrations import tensorboard as tb_module
+
+    writer = tb_module._EventFile(tmp_path, tb_module._import_tensorboard())
+    writer._file = FlakyDisk(writer._file, failures=1)
+    writer.add(b"first")
+    with pytest.raises(OSError, match="No space"):
+        writer.flush()
+    writer.add(b"second")
+    writer.flush()
+    writer.close()
+    assert records(tmp_path)[1:] == [b"first", b"second"]  # after the file version record
+
+
+def test_a_failed_write_on_the_writer_thread_is_raised_once_and_later_batches_are_written(tmp_path, monkeypatch):
+    import traceback
+
+    from posttrain_metrics.integrations import tensorboard as tb_module
+
+    monkeypatch.setattr(tb_module, "_BACKGROUND_BYTES", 1)  # every flush by the writer thread
+    writer = tb_module._EventFile(tmp_path, tb_module._import_tensorboard())
+    writer._file = FlakyDisk(writer._file, failures=1)
+    writer.add(b"lost")
+    writer.flush()
+    writer._queue.join()  # the thread has tried it
+    raised = []
+    for name in (b"kept-1", b"kept-2", b"kept-3"):
+        writer.add(name)
+        try:
+            writer.flush()
+        except OSError as exc:
+            raised.append(exc)
+    writer.close()
+    assert len(raised) == 1 and "No space left on device" in str(raised[0])  # once, naming the cause
+    assert len(traceback.extract_tb(raised[0].__traceback__)) < 5  # a new exception, not one re-raised
+    assert records(tmp_path)[1:] == [b"kept-1", b"kept-2", b"kept-3"]  # the failed batch alone is lost
+
 # -- one directory per run; what the dashboard opens on ------------------------------------------------
 
 

@@ -205,8 +205,10 @@ def test_a_long_run_draws_bounded_points_that_keep_every_spike(tmp_path, monkeyp
     frames = []
     for step in range(1, 10_001):
         grad = 500.0 if step == 7777 else 0.001 if step == 4242 else 1.0 + (step % 7) * 0.01
-        frames.append(Frame(step, {"train/grad_norm": grad, "train/reward_mean": 0.5 + (step % 5) * 0.01,
-                                   "train/reward_std": 0.1, "optim/update_outcome":
+        # a spike of the mean and one of the std, each inside a bucket of 10 steps (not its first or last)
+        mean = 9.0 if step == 9005 else 0.5 + (step % 5) * 0.01
+        frames.append(Frame(step, {"train/grad_norm": grad, "train/reward_mean": mean,
+                                   "train/reward_std": 5.0 if step == 2505 else 0.1, "optim/update_outcome":
                                    "skipped" if step in (3333, 3334) else "applied"}, "train", 1.7e9 + step))
         if step == 5000:  # a resumed run wrote step 5000 again: the last value is the one drawn
             frames.append(Frame(5000, {**frames[-1].metrics, "train/grad_norm": 3.0}, "train", 1.7e9 + step))
@@ -222,7 +224,10 @@ def test_a_long_run_draws_bounded_points_that_keep_every_spike(tmp_path, monkeyp
     assert min(points) == 1 and max(points) == 10_000
     assert all(value == 1.0 + (step % 7) * 0.01 for step, value in points.items() if step not in (7777, 4242, 5000))
     [band] = axes["Reward"].collections
-    assert len(band.get_paths()[0].vertices) >= 2 * 1000  # mean +- std at a thousand steps or more
+    vertices = {(round(float(x)), round(float(y), 9)) for x, y in band.get_paths()[0].vertices}
+    assert len(vertices) >= 2 * 1000  # mean +- std at a thousand steps or more
+    assert (9005, 9.1) in vertices and (9005, 8.9) in vertices  # the mean's spike, in the band
+    assert (2505, 5.5) in vertices and (2505, -4.5) in vertices  # the std's spike (mean 0.5 at 2505)
     strip = axes["Label keys (one row per label)"]
     rows = {t.get_text(): i for i, t in enumerate(strip.get_yticklabels())}
     marked = {round(y): sorted(float(x) for x, yy in c.get_offsets() if round(yy) == round(y))

@@ -523,3 +523,55 @@ def test_the_tail_reads_a_line_longer_than_its_read_size_and_reads_in_order(tmp_
         f.write(text.splitlines(keepends=True)[1][100:])
     [frame] = tail.read(max_bytes=64)
     assert frame.frame is not None and frame.frame.step == frames[0].step
+
+
+def test_the_tail_reads_a_full_batch_of_frames_larger_than_two_kilobytes(tmp_path):
+    """The follower takes a full batch (512 lines) as a backlog to read on at once (and, when starved,
+    as the signal to raise its priority): frames of 70 keys (~2.8 KB a line) must still come 512 to a
+    read, not what fits in the tail's read size."""
+    import json as json_module
+
+    from posttrain_metrics.journal import JournalTail
+
+    path = tmp_path / "j.jsonl"
+    header = {"format": "posttrain-metrics-journal", "version": 1, "kind": "header", "run_id": "big01",
+              "name": "big", "created": 1.7e9, "adapters": ["grpo"], "config": {}}
+    metrics = {f"train/custom_metric_{i:03d}": 0.123456789 + i for i in range(70)}
+    with open(path, "w") as f:
+        f.write(json_module.dumps(header) + "\n")
+        for step in range(1, 1201):
+            f.write(json_module.dumps({"kind": "frame", "run_id": "big01", "step": step, "phase": "train",
+                                       "time": 1.7e9, "metrics": metrics}) + "\n")
+    assert path.stat().st_size / 1201 > 2048
+    tail = JournalTail(path)
+    sizes = [len(tail.read(512)) for _ in range(4)]
+    assert sizes == [512, 512, 177, 0]  # 1 header + 1,200 frames
+    assert tail.offset == path.stat().st_size
+
+
+
+def test_reading_a_journal_while_the_run_writes_it_reads_what_was_there(tmp_path, monkeypatch):
+    """doctor and plot read a live run's journal: a line being written when the reader reaches it is
+    a torn last line (skipped with a warning), and what the run appends meanwhile is not read as a
+    damaged line: the reader takes the file as it was when it opened it."""
+    import warnings as warnings_module
+
+    path = tmp_path / "j.jsonl"
+    frames = grpo_run(steps=3)
+    publish(frames, [JournalSink(path)])
+    lines = path.read_bytes().splitlines(keepends=True)
+    head, third = b"".join(lines[:3]), lines[3]  # the header, two frames; the third frame being written
+    path.write_bytes(head + third[:40])
+
+    def the_run_writes_on(message, *args, **kwargs):  # called when the reader warns of the torn line
+        with open(path, "ab") as f:
+            f.write(third[40:] + b"".join(lines[4:]))
+
+    monkeypatch.setattr(warnings_module, "showwarning", the_run_writes_on)
+    with warnings_module.catch_warnings():
+        warnings_module.simplefilter("always")
+        monkeypatch.setattr(warnings_module, "showwarning", the_run_writes_on)
+        journal = read_journal(path)
+    assert [f.step for f in journal.frames] == [frames[0].step, frames[1].step]
+    assert any("torn last line" in note for note in journal.warnings)
+    assert read_journal(path).frames[-1].step == frames[2].step  # read again: the whole run

@@ -427,7 +427,10 @@ class _EventFile:
     takes ~150 MB/s sustained; a 100k-step export is 200 MB). At most ``_QUEUED`` batches wait for it
     (then ``flush`` blocks: memory stays bounded); a small flush (a step's event) is written on the
     calling thread unless batches are still queued (order is kept), so a training process never hands
-    a step to another thread. A write that fails is raised by the next ``flush`` or ``close``.
+    a step to another thread. A write that fails is raised by the next ``flush`` or ``close``: on the
+    calling thread its records stay pending (the next flush writes them again); on the writer thread
+    that batch is lost to the file (the journal keeps it; ``posttrain-metrics publish`` sends what the
+    log dir lacks) and the next batches are written as usual.
     """
 
     def __init__(self, log_dir: Path, tb: Any) -> None:
@@ -440,6 +443,7 @@ class _EventFile:
         self._queue: queue.Queue[bytes | None] | None = None  # the writer thread's, once started
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._lock = threading.Lock()
         version = tb.event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2")
         self.add(version.SerializeToString())
         self.flush()
@@ -457,12 +461,12 @@ class _EventFile:
         self.add(event.SerializeToString())
 
     def flush(self) -> None:
-        if self._error is not None:
-            raise self._error
-        if not self._pending:
-            return
-        data = b"".join(self._pending)
-        self._pending.clear()
+        if self._pending:
+            self._write(b"".join(self._pending))
+            self._pending.clear()
+        self._raise()
+
+    def _write(self, data: bytes) -> None:
         q = self._queue
         if q is not None and q.unfinished_tasks:  # batches still queued: after them, in order
             q.put(data)
@@ -474,7 +478,7 @@ class _EventFile:
                 self._thread.start()
             q.put(data)
         else:
-            self._file.write(data)
+            self._file.write(data)  # a failed write keeps the records pending: the next flush tries again
             self._file.flush()
 
     def _drain(self, q: queue.Queue[bytes | None]) -> None:
@@ -483,13 +487,21 @@ class _EventFile:
             try:
                 if data is None:
                     return
-                if self._error is None:  # after a failed write the rest is discarded (the error is raised)
-                    self._file.write(data)
-                    self._file.flush()
-            except BaseException as exc:  # raised to the sink by the next flush or close
-                self._error = exc
+                self._file.write(data)
+                self._file.flush()
+            except BaseException as exc:  # that batch is lost to this file (the journal has it): raised once
+                with self._lock:
+                    self._error = self._error or exc
             finally:
                 q.task_done()
+
+    def _raise(self) -> None:
+        """The writer thread's first failure since the last one raised, raised once (a new exception
+        each time: the same one raised again would grow its traceback)."""
+        with self._lock:
+            error, self._error = self._error, None
+        if error is not None:
+            raise OSError(f"writing {self.path.name} failed: {type(error).__name__}: {error}") from error
 
     def close(self) -> None:
         if self._file.closed:
@@ -501,8 +513,7 @@ class _EventFile:
                 self._queue.put(None)
                 self._thread.join()
             self._file.close()
-        if self._error is not None:
-            raise self._error
+        self._raise()
 
 
 _BACKGROUND_BYTES = 256 << 10  # a flush this large is written by the writer thread (see _EventFile)

@@ -91,7 +91,7 @@ class _Shape:
     order (each label indicator right after its key), the keys of bools, the indicators per
     categorical key."""
 
-    __slots__ = ("bools", "labels", "template", "types")
+    __slots__ = ("bools", "keys", "labels", "template", "types")
 
     def __init__(self, names: tuple[str, ...], types: tuple[type, ...], keys: Mapping[str, KeyInfo]) -> None:
         self.types = types
@@ -106,8 +106,13 @@ class _Shape:
                 self.labels.append((key, indicators))
                 out.extend(name for name, _ in indicators)
         self.template: dict[str, Scalar | None] = dict.fromkeys(out)
+        # A frame key named like an indicator (a user's "optim/update_outcome/skipped"): whichever of
+        # the two comes later in the frame wins, value by value, as a dict built in order gives.
+        self.keys = keys if len(self.template) < len(out) else None
 
     def build(self, m: Mapping[str, Scalar]) -> dict[str, Scalar]:
+        if self.keys is not None:
+            return _displayed(m, self.keys)
         out = self.template.copy()  # the keys in order
         out.update(m)
         for key in self.bools:
@@ -117,6 +122,21 @@ class _Shape:
             for name, label in indicators:
                 out[name] = int(value == label)
         return out  # type: ignore[return-value]  # every key of the template is set
+
+
+def _displayed(m: Mapping[str, Scalar], keys: Mapping[str, KeyInfo]) -> dict[str, Scalar]:
+    """The rule itself, value by value (what the shapes build, for the frames they cannot)."""
+    out: dict[str, Scalar] = {}
+    for key, value in m.items():
+        if isinstance(value, bool):
+            out[key] = int(value)
+            continue
+        out[key] = value
+        info = keys.get(key)
+        if isinstance(value, str) and info is not None:
+            for label in info.metric.labels:
+                out[label_key(key, label)] = int(value == label)
+    return out
 
 
 _MAX_SHAPES = 256
