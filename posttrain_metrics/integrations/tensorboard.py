@@ -509,7 +509,8 @@ class _EventFile:
         try:
             self.flush()
         finally:
-            if self._queue is not None and self._thread is not None:
+            if self._thread is not None:  # started with its queue
+                assert self._queue is not None
                 self._queue.put(None)
                 self._thread.join()
             self._file.close()

@@ -91,7 +91,7 @@ class _Shape:
     order (each label indicator right after its key), the keys of bools, the indicators per
     categorical key."""
 
-    __slots__ = ("bools", "keys", "labels", "template", "types")
+    __slots__ = ("bools", "fallback", "labels", "template", "types")
 
     def __init__(self, names: tuple[str, ...], types: tuple[type, ...], keys: Mapping[str, KeyInfo]) -> None:
         self.types = types
@@ -108,11 +108,11 @@ class _Shape:
         self.template: dict[str, Scalar | None] = dict.fromkeys(out)
         # A frame key named like an indicator (a user's "optim/update_outcome/skipped"): whichever of
         # the two comes later in the frame wins, value by value, as a dict built in order gives.
-        self.keys = keys if len(self.template) < len(out) else None
+        self.fallback = keys if len(self.template) < len(out) else None
 
     def build(self, m: Mapping[str, Scalar]) -> dict[str, Scalar]:
-        if self.keys is not None:
-            return _displayed(m, self.keys)
+        if self.fallback is not None:
+            return _displayed(m, self.fallback)
         out = self.template.copy()  # the keys in order
         out.update(m)
         for key in self.bools:
