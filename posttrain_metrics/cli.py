@@ -20,7 +20,7 @@ from .core.errors import MetricsError
 from .core.printable import printable
 from .core.redact import redact_text
 from .core.reduction import Reduction
-from .journal import Journal, header_adapters, read_journal
+from .journal import Journal, JournalOnDisk, header_adapters, open_journal, read_journal
 
 __all__ = ["main"]
 
@@ -87,16 +87,30 @@ def load_journal(path: str) -> Journal:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         journal = read_journal(path)
+    _notes_and_adapters(journal)
+    return journal
+
+
+def scan_journal(path: str) -> JournalOnDisk:
+    """:func:`load_journal` for a subcommand that reads the frames pass by pass (``open_journal``:
+    memory flat in the run's length)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        journal = open_journal(path)
+    _notes_and_adapters(journal)
+    return journal
+
+
+def _notes_and_adapters(journal: Journal | JournalOnDisk) -> None:
     for note in journal.warnings:
         print(f"posttrain-metrics: warning: {note}", file=sys.stderr)
     header_adapters(journal.header)  # MetricsError names an unknown adapter (or a bad user key) and the fix
-    return journal
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     from .doctor import exit_status, format_findings, run_checks
 
-    journal = load_journal(args.journal)
+    journal = scan_journal(args.journal)
     findings = run_checks(journal)
     print(format_findings(findings, as_json=args.json, journal=journal))
     return exit_status(findings)
@@ -106,7 +120,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
     from .doctor import run_checks
     from .plot import dashboard
 
-    journal = load_journal(args.journal)
+    journal = scan_journal(args.journal)
     path = dashboard(journal, run_checks(journal), args.output)
     print(f"wrote {path}")
     return 0

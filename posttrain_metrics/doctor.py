@@ -32,8 +32,11 @@ several keys match with different values, a key under ``rl/`` (minibatches) or `
 
 from __future__ import annotations
 
+import array
+import collections
 import dataclasses
 import enum
+import itertools
 import json
 import math
 import os
@@ -179,9 +182,31 @@ SC_TOKENS = "train/sc_token_count"
 # -- what the checks read ------------------------------------------------------------------------------
 
 
+class Frames(Protocol):
+    """A journal's frames as the doctor reads them: in file order, possibly more than once (a list, or
+    ``posttrain_metrics.journal.FramesOnDisk``, which parses the file again at each pass)."""
+
+    def __iter__(self) -> Iterator[Frame]: ...
+
+    def __len__(self) -> int: ...
+
+
+class PhaseSpanLike(Protocol):
+    """A phase's frame count and step range (``posttrain_metrics.journal.PhaseSpan``)."""
+
+    @property
+    def frames(self) -> int: ...
+
+    @property
+    def first_step(self) -> int: ...
+
+    @property
+    def last_step(self) -> int: ...
+
+
 class JournalLike(Protocol):
-    """What the doctor needs of a journal (``posttrain_metrics.journal.Journal`` has it); the doctor does not
-    import the journal, so it names the shape rather than the class."""
+    """What the doctor needs of a journal (``posttrain_metrics.journal.Journal`` and ``JournalOnDisk``
+    have it); the doctor does not import the journal, so it names the shape rather than the class."""
 
     @property
     def path(self) -> os.PathLike[str]: ...
@@ -190,7 +215,10 @@ class JournalLike(Protocol):
     def header(self) -> Mapping[str, Any]: ...
 
     @property
-    def frames(self) -> Sequence[Frame]: ...
+    def frames(self) -> Frames: ...
+
+    @property
+    def phases(self) -> Mapping[str, PhaseSpanLike]: ...
 
     @property
     def end(self) -> Mapping[str, Any] | None: ...
@@ -246,23 +274,46 @@ class _Hit:
 
 
 class _Run:
-    """The journal as the checks read it: frames per phase, numeric series, config lookups."""
+    """What every check knows before the frames go by: the journal, its config and adapters."""
 
     def __init__(self, journal: JournalLike) -> None:
         self.journal = journal
-        self.frames = tuple(journal.frames)
-        self.train = tuple(f for f in self.frames if f.phase == "train")
         self.config = dict(journal.config)
         self.adapters = tuple(journal.adapters)
 
-    def series(self, key: str) -> list[tuple[int, float]]:
-        """``(step, value)`` of the train frames carrying a finite number under ``key``."""
-        out = []
-        for frame in self.train:
-            value = _number(frame.metrics.get(key))
-            if value is not None:
-                out.append((frame.step, value))
-        return out
+
+class _Watch:
+    """A check reading the run as its frames go by, in file order (:meth:`see`; the train frames only
+    unless ``every_phase``), then saying what it found (:meth:`hits`). A check holds what it needs to
+    remember, not the frames: the doctor reads a journal of any length in bounded memory, bar the
+    steps its findings name and the few series a trend check compares with their own start."""
+
+    every_phase = False
+
+    def see(self, frame: Frame) -> None:
+        """One frame, in file order."""
+
+    def hits(self) -> Iterator[_Hit]:
+        """What the check found, once every frame was seen."""
+        return iter(())
+
+
+class _Series:
+    """A trend check's series: ``(step, value)`` points in 16 bytes each (two arrays)."""
+
+    def __init__(self) -> None:
+        self.steps: array.array[int] = array.array("q")
+        self.values: array.array[float] = array.array("d")
+
+    def add(self, step: int, value: float) -> None:
+        self.steps.append(step)
+        self.values.append(value)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def points(self, start: int = 0) -> Iterator[tuple[int, float]]:
+        return itertools.islice(zip(self.steps, self.values), start, None)
 
 
 def _number(value: object) -> float | None:
@@ -321,454 +372,606 @@ def _fmt(value: float) -> str:
     return f"{value:.4g}"
 
 
-def _baseline(values: Sequence[float]) -> list[float]:
-    return list(values[: max(1, math.ceil(len(values) * BASELINE_FRACTION))])
+def _baseline(values: Sequence[float]) -> Sequence[float]:
+    return values[: max(1, math.ceil(len(values) * BASELINE_FRACTION))]
 
 
 # -- the checks ------------------------------------------------------------------------------------------
 
 
-def _clip_at_single_minibatch(run: _Run) -> Iterator[_Hit]:
-    clip, ratio = run.series(CLIP_FRAC), run.series(RATIO_ABSDEV)
-    if not clip and not ratio:
-        return
-    n_mini, where = config_int(run.config, MINIBATCH_CONFIG_NAMES, prefer="rl")
-    if n_mini is None:
+class _ClipAtSingleMinibatch(_Watch):
+    def __init__(self, run: _Run) -> None:
+        self.n_mini, self.where = config_int(run.config, MINIBATCH_CONFIG_NAMES, prefer="rl")
+        self.recorded = False
+        self.clip: dict[int, float] = {}  # step -> value where nonzero
+        self.ratio: dict[int, float] = {}
+
+    def see(self, frame: Frame) -> None:
+        clip, ratio = _number(frame.metrics.get(CLIP_FRAC)), _number(frame.metrics.get(RATIO_ABSDEV))
+        if clip is None and ratio is None:
+            return
+        self.recorded = True
+        if self.n_mini != 1:
+            return
+        if clip is not None and clip > 0.0:
+            self.clip[frame.step] = clip
+        if ratio is not None and ratio > RATIO_ABSDEV_TOLERANCE:
+            self.ratio[frame.step] = ratio
+
+    def hits(self) -> Iterator[_Hit]:
+        if not self.recorded:
+            return
+        if self.n_mini is None:
+            yield _Hit(
+                (),
+                f"clip_frac/ratio_absdev at one minibatch per batch not checked: the run config does not "
+                f"say how many minibatches a batch has ({self.where})",
+                "record it in the config handed to the run (e.g. rl/n_mini) so the doctor can check that "
+                "clip_frac and ratio_absdev are exactly 0.0 when it is 1",
+                (CLIP_FRAC, RATIO_ABSDEV),
+                Severity.INFO,
+            )
+            return
+        bad, bad_ratio = self.clip, self.ratio
+        steps = sorted(bad.keys() | bad_ratio.keys())
+        if not steps:
+            return
+        worst = ""
+        if bad:
+            s = max(bad, key=bad.__getitem__)
+            worst = f"; clip_frac up to {_fmt(bad[s])} (step {s})"
+        if bad_ratio:
+            s = max(bad_ratio, key=bad_ratio.__getitem__)
+            worst += f"; ratio_absdev up to {_fmt(bad_ratio[s])} (step {s})"
         yield _Hit(
-            (),
-            f"clip_frac/ratio_absdev at one minibatch per batch not checked: the run config does not "
-            f"say how many minibatches a batch has ({where})",
-            "record it in the config handed to the run (e.g. rl/n_mini) so the doctor can check that "
-            "clip_frac and ratio_absdev are exactly 0.0 when it is 1",
+            steps,
+            f"clip_frac/ratio_absdev nonzero with one minibatch per batch ({self.where} = 1): with one update "
+            f"per batch the policy has not moved since sampling, the ratio is identically 1 and both are "
+            f"0.0 by construction, so this is a bug, not tighter training{worst}",
+            "find where pi_old comes from: it must be the same policy and forward as the training pass "
+            "(not rollout-engine logprobs, not another dtype or a stale copy); see howto/batching.md",
             (CLIP_FRAC, RATIO_ABSDEV),
-            Severity.INFO,
         )
-        return
-    if n_mini != 1:
-        return
-    bad = {s: v for s, v in clip if v > 0.0}
-    bad_ratio = {s: v for s, v in ratio if v > RATIO_ABSDEV_TOLERANCE}
-    steps = sorted(bad.keys() | bad_ratio.keys())
-    if not steps:
-        return
-    worst = ""
-    if bad:
-        s = max(bad, key=bad.__getitem__)
-        worst = f"; clip_frac up to {_fmt(bad[s])} (step {s})"
-    if bad_ratio:
-        s = max(bad_ratio, key=bad_ratio.__getitem__)
-        worst += f"; ratio_absdev up to {_fmt(bad_ratio[s])} (step {s})"
-    yield _Hit(
-        steps,
-        f"clip_frac/ratio_absdev nonzero with one minibatch per batch ({where} = 1): with one update "
-        f"per batch the policy has not moved since sampling, the ratio is identically 1 and both are "
-        f"0.0 by construction, so this is a bug, not tighter training{worst}",
-        "find where pi_old comes from: it must be the same policy and forward as the training pass "
-        "(not rollout-engine logprobs, not another dtype or a stale copy); see howto/batching.md",
-        (CLIP_FRAC, RATIO_ABSDEV),
-    )
 
 
-def _informative_groups(run: _Run) -> Iterator[_Hit]:
-    informative = run.series(INFORMATIVE)
-    if not informative:
-        return
-    groups = dict(run.series(GROUPS))
-    low = []
-    for step, value in informative:
-        total = groups.get(step)
+class _InformativeGroups(_Watch):
+    # A frame's counts are read together: the informative groups of a step against the groups that
+    # step scored, and the tied groups of the steps found low.
+    def __init__(self, run: _Run) -> None:
+        self.scored = 0  # frames carrying the informative count
+        self.low = array.array("q")
+        self.tied_zero = self.tied_one = 0.0
+        self.zero_grad: float | None = None  # the last zero_grad_skips_total
+
+    def see(self, frame: Frame) -> None:
+        metrics = frame.metrics
+        skips = _number(metrics.get(ZERO_GRAD))
+        if skips is not None:
+            self.zero_grad = skips
+        value = _number(metrics.get(INFORMATIVE))
+        if value is None:
+            return
+        self.scored += 1
+        total = _number(metrics.get(GROUPS))
         if (total is not None and total > 0 and value <= INFORMATIVE_FRACTION_MIN * total) or (
             total is None and value == 0
         ):
-            low.append(step)
-    if not low:
-        return
-    zeros, ones = dict(run.series(ALL_ZERO)), dict(run.series(ALL_ONE))
-    tied_zero = sum(zeros.get(s, 0.0) for s in low)
-    tied_one = sum(ones.get(s, 0.0) for s in low)
-    why = ""
-    if tied_zero > tied_one:
-        why = " Most tied groups scored all 0: the task is too hard for the policy or the verifier is failing."
-    elif tied_one > tied_zero:
-        why = " Most tied groups scored all 1: the prompts are too easy (or already solved)."
-    skips = run.series(ZERO_GRAD)
-    zero_grad = ""
-    if skips:
-        # A cumulative counter: its last value is what the run skipped (a resumed run's counter
-        # includes the earlier part, which is still this run's history).
-        zero_grad = (
-            f" optim/zero_grad_skips_total reached {_fmt(max(skips[-1][1], 0.0))}: those are the "
-            "trainer refusing zero gradients, expected in GRPO, not an optimizer fault."
-        )
-    yield _Hit(
-        low,
-        f"informative groups at or below {INFORMATIVE_FRACTION_MIN:.0%} of the groups scored at "
-        f"{len(low)} of {len(informative)} steps: groups whose rewards tie have zero advantage, so "
-        f"these batches carry (almost) no gradient signal.{why}{zero_grad}",
-        "a data or reward problem, not an optimizer one: check that the reward discriminates between "
-        "samples of a group (verifier up, prompt difficulty); consider dynamic sampling "
-        "(rl.min_informative_groups)",
-        (INFORMATIVE, GROUPS, ZERO_GRAD),
-    )
+            self.low.append(frame.step)
+            self.tied_zero += _number(metrics.get(ALL_ZERO)) or 0.0
+            self.tied_one += _number(metrics.get(ALL_ONE)) or 0.0
 
-
-def _kl_spike(run: _Run) -> Iterator[_Hit]:
-    kl_mean = dict(run.series(KL_MEAN))
-    spikes = {
-        s: mx / kl_mean[s]
-        for s, mx in run.series(KL_MAX)
-        if kl_mean.get(s, 0.0) > 0.0 and mx >= KL_MAX_MIN and mx >= KL_RATIO_MIN * kl_mean[s]
-    }
-    if not spikes:
-        return
-    grad = run.series(GRAD_NORM)
-    keys = (KL_MAX, KL_MEAN, GRAD_NORM)
-    if not grad:
+    def hits(self) -> Iterator[_Hit]:
+        if not self.low:
+            return
+        why = ""
+        if self.tied_zero > self.tied_one:
+            why = " Most tied groups scored all 0: the task is too hard for the policy or the verifier is failing."
+        elif self.tied_one > self.tied_zero:
+            why = " Most tied groups scored all 1: the prompts are too easy (or already solved)."
+        zero_grad = ""
+        if self.zero_grad is not None:
+            # A cumulative counter: its last value is what the run skipped (a resumed run's counter
+            # includes the earlier part, which is still this run's history).
+            zero_grad = (
+                f" optim/zero_grad_skips_total reached {_fmt(max(self.zero_grad, 0.0))}: those are the "
+                "trainer refusing zero gradients, expected in GRPO, not an optimizer fault."
+            )
         yield _Hit(
-            sorted(spikes),
-            f"kl_max is {KL_RATIO_MIN:.0f}x kl_mean or more, but train/grad_norm is not recorded, so "
-            "the one-token-owns-the-step signature cannot be confirmed",
-            "record grad_norm (max_grad_norm > 0) to tell a harmless outlier token from one that owns "
-            "the update",
-            keys,
-            Severity.INFO,
+            self.low,
+            f"informative groups at or below {INFORMATIVE_FRACTION_MIN:.0%} of the groups scored at "
+            f"{len(self.low)} of {self.scored} steps: groups whose rewards tie have zero advantage, so "
+            f"these batches carry (almost) no gradient signal.{why}{zero_grad}",
+            "a data or reward problem, not an optimizer one: check that the reward discriminates between "
+            "samples of a group (verifier up, prompt difficulty); consider dynamic sampling "
+            "(rl.min_informative_groups)",
+            (INFORMATIVE, GROUPS, ZERO_GRAD),
         )
-        return
-    jumps = {}
-    for i, (step, value) in enumerate(grad):
-        # zero norms are zero-gradient skips, not a scale: they stay out of the baseline
-        history = [v for _, v in grad[max(0, i - GRAD_BASELINE_WINDOW) : i] if v > 0]
-        if len(history) >= GRAD_BASELINE_MIN:
-            base = statistics.median(history)
-            if base > 0 and value >= GRAD_JUMP_FACTOR * base:
-                jumps[step] = value / base
-    steps = sorted(s for s in spikes if s in jumps)
-    if not steps:
-        return
-    worst = max(steps, key=spikes.__getitem__)
-    yield _Hit(
-        steps,
-        f"kl_max orders of magnitude above kl_mean (up to {spikes[worst]:.3g}x at step {worst}) together "
-        f"with a grad_norm jump ({jumps[worst]:.3g}x its recent median): one token owns the step",
-        "bound the per-token KL gradient with rl.kl_coeff_clamp (the reported kl_* stay the exact k3), "
-        "and look at which token carries the max penalty",
-        keys,
-    )
 
 
-def _length_budget(run: _Run) -> Iterator[_Hit]:
-    truncated = run.series(TRUNCATED)
-    lengths = dict(run.series(LEN_MAX))
-    if len(truncated) < TREND_MIN_FRAMES or not lengths:
-        return
-    budget, where = config_int(run.config, BUDGET_CONFIG_NAMES, prefer="rollout")
-    if budget is None:
-        budget = int(max(lengths.values()))
-        where = f"the run's longest response ({where}; set rollout/max_tokens in the config to be exact)"
-    first = _baseline([v for _, v in truncated])
-    base = statistics.fmean(first)
-    steps = [
-        s for s, v in truncated[len(first) :]
-        if v >= base + TRUNCATION_RISE and lengths.get(s, -math.inf) >= budget
-    ]
-    if not steps:
-        return
-    last = max(v for s, v in truncated if s in steps)
-    yield _Hit(
-        steps,
-        f"rollout_truncated_frac rose from {_fmt(base)} (first {BASELINE_FRACTION:.0%} of steps) to up "
-        f"to {_fmt(last)} with response_len_max pinned at the budget {budget} (from {where}): responses "
-        "are running into the token budget, and each cut completion is scored on an unfinished answer",
-        "raise rollout.max_tokens, add a length penalty, or mask cut completions out of the loss "
-        "(rl.mask_truncated_completions; train/valid_sequence_count then drops)",
-        (TRUNCATED, LEN_MAX, VALID_SEQ),
-    )
+class _KlSpike(_Watch):
+    # A spike (kl_max against the same frame's kl_mean) confirmed by a jump of the same frame's
+    # grad_norm against the median of the norms recorded before it.
+    def __init__(self, run: _Run) -> None:
+        self.spikes: dict[int, float] = {}  # step -> kl_max / kl_mean
+        self.jumps: dict[int, float] = {}  # step -> grad_norm / baseline, at the steps that spiked
+        self.recent: collections.deque[float] = collections.deque(maxlen=GRAD_BASELINE_WINDOW)
+        self.grad = False
+
+    def see(self, frame: Frame) -> None:
+        metrics = frame.metrics
+        grad = _number(metrics.get(GRAD_NORM))
+        jump = None
+        if grad is not None:
+            self.grad = True
+            # zero norms are zero-gradient skips, not a scale: they stay out of the baseline
+            history = [v for v in self.recent if v > 0]
+            if len(history) >= GRAD_BASELINE_MIN:
+                base = statistics.median(history)
+                if base > 0 and grad >= GRAD_JUMP_FACTOR * base:
+                    jump = grad / base
+            self.recent.append(grad)
+        kl_max, kl_mean = _number(metrics.get(KL_MAX)), _number(metrics.get(KL_MEAN))
+        if kl_max is None or kl_mean is None or kl_mean <= 0.0:
+            return
+        if kl_max >= KL_MAX_MIN and kl_max >= KL_RATIO_MIN * kl_mean:
+            self.spikes[frame.step] = kl_max / kl_mean
+            if jump is not None:
+                self.jumps[frame.step] = jump
+            else:
+                self.jumps.pop(frame.step, None)
+
+    def hits(self) -> Iterator[_Hit]:
+        spikes, jumps = self.spikes, self.jumps
+        if not spikes:
+            return
+        keys = (KL_MAX, KL_MEAN, GRAD_NORM)
+        if not self.grad:
+            yield _Hit(
+                sorted(spikes),
+                f"kl_max is {KL_RATIO_MIN:.0f}x kl_mean or more, but train/grad_norm is not recorded, so "
+                "the one-token-owns-the-step signature cannot be confirmed",
+                "record grad_norm (max_grad_norm > 0) to tell a harmless outlier token from one that owns "
+                "the update",
+                keys,
+                Severity.INFO,
+            )
+            return
+        steps = sorted(jumps)
+        if not steps:
+            return
+        worst = max(steps, key=spikes.__getitem__)
+        yield _Hit(
+            steps,
+            f"kl_max orders of magnitude above kl_mean (up to {spikes[worst]:.3g}x at step {worst}) together "
+            f"with a grad_norm jump ({jumps[worst]:.3g}x its recent median): one token owns the step",
+            "bound the per-token KL gradient with rl.kl_coeff_clamp (the reported kl_* stay the exact k3), "
+            "and look at which token carries the max penalty",
+            keys,
+        )
 
 
-def _gap_series(run: _Run) -> list[tuple[int, float]]:
-    counts = dict(run.series(GAP_COUNT))
-    return [(s, v) for s, v in run.series(GAP_MEAN) if counts.get(s, 1.0) > 0]
+class _LengthBudget(_Watch):
+    # The baseline is the first quarter of the truncation series, whose length is known at the end:
+    # the series is kept (with each frame's response_len_max), 24 bytes a frame that records it.
+    def __init__(self, run: _Run) -> None:
+        self.config = run.config
+        self.truncated = _Series()
+        self.lengths: array.array[float] = array.array("d")  # response_len_max of the same frame, or -inf
+        self.longest: float | None = None
+
+    def see(self, frame: Frame) -> None:
+        length = _number(frame.metrics.get(LEN_MAX))
+        if length is not None:
+            self.longest = length if self.longest is None else max(self.longest, length)
+        value = _number(frame.metrics.get(TRUNCATED))
+        if value is not None:
+            self.truncated.add(frame.step, value)
+            self.lengths.append(-math.inf if length is None else length)
+
+    def hits(self) -> Iterator[_Hit]:
+        truncated = self.truncated
+        if len(truncated) < TREND_MIN_FRAMES or self.longest is None:
+            return
+        budget, where = config_int(self.config, BUDGET_CONFIG_NAMES, prefer="rollout")
+        if budget is None:
+            budget = int(self.longest)
+            where = f"the run's longest response ({where}; set rollout/max_tokens in the config to be exact)"
+        first = _baseline(truncated.values)
+        base = statistics.fmean(first)
+        risen = [
+            (s, v) for (s, v), length in zip(truncated.points(len(first)), itertools.islice(self.lengths, len(first), None))
+            if v >= base + TRUNCATION_RISE and length >= budget
+        ]
+        if not risen:
+            return
+        yield _Hit(
+            [s for s, _ in risen],
+            f"rollout_truncated_frac rose from {_fmt(base)} (first {BASELINE_FRACTION:.0%} of steps) to up "
+            f"to {_fmt(max(v for _, v in risen))} with response_len_max pinned at the budget {budget} (from "
+            f"{where}): responses are running into the token budget, and each cut completion is scored on an "
+            "unfinished answer",
+            "raise rollout.max_tokens, add a length penalty, or mask cut completions out of the loss "
+            "(rl.mask_truncated_completions; train/valid_sequence_count then drops)",
+            (TRUNCATED, LEN_MAX, VALID_SEQ),
+        )
 
 
-def _logprob_gap_rising(run: _Run) -> Iterator[_Hit]:
-    gap = _gap_series(run)
-    if len(gap) < TREND_MIN_FRAMES:
-        return
-    base = statistics.median(_baseline([v for _, v in gap]))
-    floor = max(GAP_RISE_FACTOR * base, base + GAP_RISE_MIN)
-    steps = [s for s, v in gap if v >= floor]
-    if not steps:
-        return
-    peak = max(v for s, v in gap if s in steps)
-    yield _Hit(
-        steps,
-        f"the train/infer logprob gap rose from {_fmt(base)} to {_fmt(peak)} nats: on an MoE policy a "
-        "rising gap is the routing-flip collapse signature (GSPO, Rollout Routing Replay); on a dense "
-        "model it should stay at kernel and precision noise",
-        "MoE: replay the rollout's routing (rl.routing_replay=rollout) or use sequence-level ratios "
-        "(GSPO); do not use rollout logprobs as pi_old while the gap is large; dense: compare the "
-        "engine's and the trainer's precision and kernels",
-        (GAP_MEAN, GAP_P99, GAP_COUNT),
-    )
+class _LogprobGapRising(_Watch):
+    # The baseline is the median of the first quarter of the gap series: the series is kept, 16 bytes
+    # a frame that records a gap over a positive token count (or no count).
+    def __init__(self, run: _Run) -> None:
+        self.gap = _Series()
+
+    def see(self, frame: Frame) -> None:
+        value = _number(frame.metrics.get(GAP_MEAN))
+        count = _number(frame.metrics.get(GAP_COUNT))
+        if value is not None and (count is None or count > 0):
+            self.gap.add(frame.step, value)
+
+    def hits(self) -> Iterator[_Hit]:
+        gap = self.gap
+        if len(gap) < TREND_MIN_FRAMES:
+            return
+        base = statistics.median(_baseline(gap.values))
+        floor = max(GAP_RISE_FACTOR * base, base + GAP_RISE_MIN)
+        risen = [(s, v) for s, v in gap.points() if v >= floor]
+        if not risen:
+            return
+        yield _Hit(
+            [s for s, _ in risen],
+            f"the train/infer logprob gap rose from {_fmt(base)} to {_fmt(max(v for _, v in risen))} nats: on "
+            "an MoE policy a rising gap is the routing-flip collapse signature (GSPO, Rollout Routing Replay); "
+            "on a dense model it should stay at kernel and precision noise",
+            "MoE: replay the rollout's routing (rl.routing_replay=rollout) or use sequence-level ratios "
+            "(GSPO); do not use rollout logprobs as pi_old while the gap is large; dense: compare the "
+            "engine's and the trainer's precision and kernels",
+            (GAP_MEAN, GAP_P99, GAP_COUNT),
+        )
 
 
-def _logprob_gap_no_data(run: _Run) -> Iterator[_Hit]:
+class _LogprobGapNoData(_Watch):
     # A step with no loss tokens (every group tied and masked out) has nothing to compare: its
     # count is 0 without saying anything about the producer, so it is not counted either way.
-    tokens = dict(run.series(VALID_TOKENS))
-    counts = [(s, v) for s, v in run.series(GAP_COUNT) if tokens.get(s, 1.0) > 0]
-    empty = [s for s, v in counts if v == 0]
-    if not empty:
-        return
-    keys = (GAP_COUNT, GAP_MEAN)
-    if len(empty) == len(counts):
+    def __init__(self, run: _Run) -> None:
+        self.counted = 0
+        self.empty = array.array("q")
+
+    def see(self, frame: Frame) -> None:
+        count = _number(frame.metrics.get(GAP_COUNT))
+        tokens = _number(frame.metrics.get(VALID_TOKENS))
+        if count is None or (tokens is not None and tokens <= 0):
+            return
+        self.counted += 1
+        if count == 0:
+            self.empty.append(frame.step)
+
+    def hits(self) -> Iterator[_Hit]:
+        empty = self.empty
+        if not empty:
+            return
+        keys = (GAP_COUNT, GAP_MEAN)
+        if len(empty) == self.counted:
+            yield _Hit(
+                (),
+                "logprob_gap_token_count is 0 at every step: the rollout records no logprobs, so the "
+                "logprob_gap_* keys read 0.0 for lack of data, not for lack of a gap",
+                "to measure train/infer consistency use a rollout that records logprobs (vLLM always does; "
+                "HFRollout(capture_logprobs=True))",
+                keys,
+            )
+            return
         yield _Hit(
-            (),
-            "logprob_gap_token_count is 0 at every step: the rollout records no logprobs, so the "
-            "logprob_gap_* keys read 0.0 for lack of data, not for lack of a gap",
-            "to measure train/infer consistency use a rollout that records logprobs (vLLM always does; "
-            "HFRollout(capture_logprobs=True))",
+            empty,
+            f"logprob_gap_token_count is 0 at {len(empty)} of {self.counted} steps: the gap there is 0.0 "
+            "for lack of data, not for lack of a gap, and the producer records logprobs only sometimes",
+            "find which rollout produced those batches; read the gap only where the count is positive",
             keys,
+            Severity.WARNING,
         )
-        return
-    yield _Hit(
-        empty,
-        f"logprob_gap_token_count is 0 at {len(empty)} of {len(counts)} steps: the gap there is 0.0 "
-        "for lack of data, not for lack of a gap, and the producer records logprobs only sometimes",
-        "find which rollout produced those batches; read the gap only where the count is positive",
-        keys,
-        Severity.WARNING,
-    )
 
 
-def _skips(run: _Run) -> tuple[list[tuple[int, str]], list[int]]:
+class _Skips(_Watch):
     """Rejected updates ``(step, reason)`` and zero-gradient skips (steps) of the train frames.
 
     A skip counts as a zero-gradient skip, expected in GRPO, when it names no ``skip_reason``, the
     frame's ``zero_grad_skips_total`` rose and ``nonfinite_skips_total`` did not.
     """
-    rejected: list[tuple[int, str]] = []
-    zero_grad: list[int] = []
-    previous = {ZERO_GRAD: 0.0, NONFINITE_TOTAL: 0.0}
-    for frame in run.train:
+
+    def __init__(self, run: _Run) -> None:
+        self.adapters = run.adapters
+        self.rejected: list[tuple[int, str]] = []
+        self.zero_grad = array.array("q")
+        self.previous = {ZERO_GRAD: 0.0, NONFINITE_TOTAL: 0.0}
+
+    def see(self, frame: Frame) -> None:
+        previous = self.previous
         now = {k: _number(frame.metrics.get(k)) for k in previous}
         rose = {k: v is not None and v > previous[k] for k, v in now.items()}
         if rose[ZERO_GRAD]:
-            zero_grad.append(frame.step)
+            self.zero_grad.append(frame.step)
         if frame.metrics.get(OUTCOME) == "skipped":
             reason = frame.metrics.get(SKIP_REASON)
             if reason is not None or rose[NONFINITE_TOTAL] or not rose[ZERO_GRAD]:
-                rejected.append((frame.step, str(reason) if reason is not None else "no skip_reason"))
+                self.rejected.append((frame.step, str(reason) if reason is not None else "no skip_reason"))
         previous.update({k: v for k, v in now.items() if v is not None})
-    return rejected, zero_grad
 
 
-def _update_skipped(run: _Run) -> Iterator[_Hit]:
-    rejected, _ = _skips(run)
-    if not rejected:
-        return
-    reasons: dict[str, int] = {}
-    for _, reason in rejected:
-        reasons[reason] = reasons.get(reason, 0) + 1
-    why = ", ".join(f"{r} x{n}" for r, n in sorted(reasons.items()))
-    grpo = "grpo" in run.adapters
-    fate = (
-        "at the GRPO entry this is fatal: the loop raises rather than continuing on a rejected update"
-        if grpo
-        else "the update was rejected and its batch lost"
-    )
-    yield _Hit(
-        [s for s, _ in rejected],
-        f"optim/update_outcome is 'skipped' at {_count(rejected, 'step')} ({why}): {fate}",
-        "go to the first such step: a non-finite loss (rewards, logprob dtype) or gradient (learning "
-        "rate, max_grad_norm); resume from a checkpoint before it",
-        (OUTCOME, SKIP_REASON, LOSS, GRAD_NORM),
-        None if grpo else Severity.WARNING,
-    )
-
-
-def _zero_grad_skips(run: _Run) -> Iterator[_Hit]:
-    _, steps = _skips(run)
-    if steps:
+class _UpdateSkipped(_Skips):
+    def hits(self) -> Iterator[_Hit]:
+        rejected = self.rejected
+        if not rejected:
+            return
+        reasons: dict[str, int] = {}
+        for _, reason in rejected:
+            reasons[reason] = reasons.get(reason, 0) + 1
+        why = ", ".join(f"{r} x{n}" for r, n in sorted(reasons.items()))
+        grpo = "grpo" in self.adapters
+        fate = (
+            "at the GRPO entry this is fatal: the loop raises rather than continuing on a rejected update"
+            if grpo
+            else "the update was rejected and its batch lost"
+        )
         yield _Hit(
-            steps,
-            f"optim/zero_grad_skips_total rose at {_count(steps, 'step')}: the trainer skipped updates whose "
-            "gradient was exactly zero (all groups tied), which is expected in GRPO, not a fault",
-            "read it with train/grpo_informative_group_count; only a reward that stops discriminating "
-            "(informative groups near zero) makes it a problem",
-            (ZERO_GRAD, OUTCOME, INFORMATIVE),
+            [s for s, _ in rejected],
+            f"optim/update_outcome is 'skipped' at {_count(rejected, 'step')} ({why}): {fate}",
+            "go to the first such step: a non-finite loss (rewards, logprob dtype) or gradient (learning "
+            "rate, max_grad_norm); resume from a checkpoint before it",
+            (OUTCOME, SKIP_REASON, LOSS, GRAD_NORM),
+            None if grpo else Severity.WARNING,
         )
 
 
-def _nonfinite_in_a_row(run: _Run) -> Iterator[_Hit]:
-    steps = [s for s, v in run.series(NONFINITE_CONSECUTIVE) if v >= NONFINITE_CONSECUTIVE_MAX]
-    if steps:
-        peak = max(v for _, v in run.series(NONFINITE_CONSECUTIVE))
-        yield _Hit(
-            steps,
-            f"{_fmt(peak)} non-finite rejections in a row (threshold {NONFINITE_CONSECUTIVE_MAX}): the "
-            "weights or optimizer state, not one bad batch, produce the non-finite values",
-            "stop the run and resume from a checkpoint before the first rejection with a lower learning "
-            "rate or gradient clipping; check the loss and logprob precision",
-            (NONFINITE_CONSECUTIVE, NONFINITE_TOTAL, OUTCOME),
-        )
+class _ZeroGradSkips(_Skips):
+    def hits(self) -> Iterator[_Hit]:
+        steps = self.zero_grad
+        if steps:
+            yield _Hit(
+                steps,
+                f"optim/zero_grad_skips_total rose at {_count(steps, 'step')}: the trainer skipped updates "
+                "whose gradient was exactly zero (all groups tied), which is expected in GRPO, not a fault",
+                "read it with train/grpo_informative_group_count; only a reward that stops discriminating "
+                "(informative groups near zero) makes it a problem",
+                (ZERO_GRAD, OUTCOME, INFORMATIVE),
+            )
 
 
-def _nonfinite_applied(run: _Run) -> Iterator[_Hit]:
-    steps, keys = [], set()
-    for frame in run.train:
+class _NonfiniteInARow(_Watch):
+    def __init__(self, run: _Run) -> None:
+        self.steps = array.array("q")
+        self.peak = -math.inf
+
+    def see(self, frame: Frame) -> None:
+        value = _number(frame.metrics.get(NONFINITE_CONSECUTIVE))
+        if value is not None:
+            self.peak = max(self.peak, value)
+            if value >= NONFINITE_CONSECUTIVE_MAX:
+                self.steps.append(frame.step)
+
+    def hits(self) -> Iterator[_Hit]:
+        if self.steps:
+            yield _Hit(
+                self.steps,
+                f"{_fmt(self.peak)} non-finite rejections in a row (threshold {NONFINITE_CONSECUTIVE_MAX}): the "
+                "weights or optimizer state, not one bad batch, produce the non-finite values",
+                "stop the run and resume from a checkpoint before the first rejection with a lower learning "
+                "rate or gradient clipping; check the loss and logprob precision",
+                (NONFINITE_CONSECUTIVE, NONFINITE_TOTAL, OUTCOME),
+            )
+
+
+class _NonfiniteApplied(_Watch):
+    def __init__(self, run: _Run) -> None:
+        self.steps = array.array("q")
+        self.keys: set[str] = set()
+
+    def see(self, frame: Frame) -> None:
         if frame.metrics.get(OUTCOME) != "applied":
-            continue
+            return
         bad = [k for k in (LOSS, GRAD_NORM) if _is_nonfinite(frame.metrics.get(k))]
         if bad:
-            steps.append(frame.step)
-            keys.update(bad)
-    if steps:
-        yield _Hit(
-            steps,
-            f"a non-finite {' / '.join(sorted(keys))} on an update whose outcome is 'applied': the "
-            "optimizer stepped on it, so the weights may now be non-finite",
-            "turn on force_finite_grads (optim/finite_gradient_check_enabled) and resume from a "
-            "checkpoint before the first such step",
-            (*sorted(keys), OUTCOME),
-        )
+            self.steps.append(frame.step)
+            self.keys.update(bad)
+
+    def hits(self) -> Iterator[_Hit]:
+        if self.steps:
+            keys = sorted(self.keys)
+            yield _Hit(
+                self.steps,
+                f"a non-finite {' / '.join(keys)} on an update whose outcome is 'applied': the "
+                "optimizer stepped on it, so the weights may now be non-finite",
+                "turn on force_finite_grads (optim/finite_gradient_check_enabled) and resume from a "
+                "checkpoint before the first such step",
+                (*keys, OUTCOME),
+            )
 
 
 def _is_nonfinite(value: object) -> bool:
     return isinstance(value, float) and not math.isfinite(value)
 
 
-def _nonfinite_values(run: _Run) -> Iterator[_Hit]:
-    where: dict[str, list[int]] = {}
-    for frame in run.frames:
+class _NonfiniteValues(_Watch):
+    every_phase = True
+
+    def __init__(self, run: _Run) -> None:
+        self.where: dict[str, array.array[int]] = {}
+
+    def see(self, frame: Frame) -> None:
         for key, value in frame.metrics.items():
-            if _is_nonfinite(value):
-                where.setdefault(key, []).append(frame.step)
-    # one finding per set of steps, so a finding's keys are non-finite at every one of its steps
-    by_steps: dict[tuple[int, ...], list[str]] = {}
-    for key, steps in sorted(where.items()):
-        by_steps.setdefault(tuple(sorted(set(steps))), []).append(key)
-    for at, keys in sorted(by_steps.items()):
-        listed = ", ".join(keys[:6]) + (f" and {len(keys) - 6} more" if len(keys) > 6 else "")
-        yield _Hit(
-            at,
-            f"non-finite values (NaN/inf) in {_count(keys, 'key')}: {listed}",
-            "trace the first step back to its producer (loss, rewards, logprobs); the journal keeps the "
-            "values exactly, trackers that cannot store them count them under health/nonfinite/<key>",
-            tuple(keys),
-        )
+            if isinstance(value, float) and value - value != 0.0:  # NaN or +-inf, in one operation
+                self.where.setdefault(key, array.array("q")).append(frame.step)
+
+    def hits(self) -> Iterator[_Hit]:
+        # one finding per set of steps, so a finding's keys are non-finite at every one of its steps
+        by_steps: dict[tuple[int, ...], list[str]] = {}
+        for key, steps in sorted(self.where.items()):
+            by_steps.setdefault(tuple(sorted(set(steps))), []).append(key)
+        for at, keys in sorted(by_steps.items()):
+            listed = ", ".join(keys[:6]) + (f" and {len(keys) - 6} more" if len(keys) > 6 else "")
+            yield _Hit(
+                at,
+                f"non-finite values (NaN/inf) in {_count(keys, 'key')}: {listed}",
+                "trace the first step back to its producer (loss, rewards, logprobs); the journal keeps the "
+                "values exactly, trackers that cannot store them count them under health/nonfinite/<key>",
+                tuple(keys),
+            )
 
 
-def _ppo_counters(run: _Run) -> Iterator[_Hit]:
-    steps, details = [], []
-    previous: tuple[int, float, float] | None = None
-    for frame in run.train:
+class _PpoCounters(_Watch):
+    def __init__(self, run: _Run) -> None:
+        self.steps = array.array("q")
+        self.details: list[str] = []  # the first three, and how many
+        self.mismatches = 0
+        self.previous: tuple[int, float, float] | None = None
+
+    def see(self, frame: Frame) -> None:
         policy = _number(frame.metrics.get(POLICY_STEP))
         critic = _number(frame.metrics.get(CRITIC_STEP))
         current = None if policy is None or critic is None else (frame.step, policy, critic)
+        previous = self.previous
         if previous is not None and current is not None:
             dp, dc = current[1] - previous[1], current[2] - previous[2]
             if dp != dc:
-                steps.append(frame.step)
-                details.append(f"steps {previous[0]}->{frame.step}: policy +{dp:g}, critic +{dc:g}")
-        previous = current  # only adjacent frames: a warmup iteration in between breaks the pair
-    if steps:
-        more = f" (and {len(details) - 3} more)" if len(details) > 3 else ""
+                self.steps.append(frame.step)
+                self.mismatches += 1
+                if len(self.details) < 3:
+                    self.details.append(f"steps {previous[0]}->{frame.step}: policy +{dp:g}, critic +{dc:g}")
+        self.previous = current  # only adjacent frames: a warmup iteration in between breaks the pair
+
+    def hits(self) -> Iterator[_Hit]:
+        if self.steps:
+            more = f" (and {self.mismatches - 3} more)" if self.mismatches > 3 else ""
+            yield _Hit(
+                self.steps,
+                "PPO policy and critic optimizer counters advanced by different amounts ("
+                + "; ".join(self.details) + more + "): both roles must run the same configured number of "
+                "minibatches per iteration",
+                "a role lost or repeated minibatch updates: check the role receipts, the minibatch settings "
+                "of both roles, and optimizer state restored on resume",
+                (POLICY_STEP, CRITIC_STEP),
+            )
+
+
+class _DpoAccuracy(_Watch):
+    # The level is the mean of the last quarter of the series, whose length is known at the end: the
+    # series is kept, 16 bytes a frame that records the accuracy.
+    def __init__(self, run: _Run) -> None:
+        self.accuracy = _Series()
+
+    def see(self, frame: Frame) -> None:
+        value = _number(frame.metrics.get(DPO_ACCURACY))
+        if value is not None:
+            self.accuracy.add(frame.step, value)
+
+    def hits(self) -> Iterator[_Hit]:
+        accuracy = self.accuracy
+        if len(accuracy) < TREND_MIN_FRAMES:
+            return
+        start = len(accuracy) - max(1, math.ceil(len(accuracy) * BASELINE_FRACTION))
+        level = statistics.fmean(accuracy.values[start:])
+        if level >= DPO_CHANCE + DPO_MIN_RISE:
+            return
+        below = level <= DPO_CHANCE - DPO_MIN_RISE
         yield _Hit(
-            steps,
-            "PPO policy and critic optimizer counters advanced by different amounts ("
-            + "; ".join(details[:3]) + more + "): both roles must run the same configured number of "
-            "minibatches per iteration",
-            "a role lost or repeated minibatch updates: check the role receipts, the minibatch settings "
-            "of both roles, and optimizer state restored on resume",
-            (POLICY_STEP, CRITIC_STEP),
+            accuracy.steps[start:],
+            f"train/dpo_accuracy averages {_fmt(level)} over the last {len(accuracy) - start} steps: it has "
+            f"not risen from chance ({DPO_CHANCE})"
+            + ("; below chance, the policy prefers the rejected samples" if below else ""),
+            ("check that winner and loser are not swapped in the data; " if below else "")
+            + "check the learning rate, beta and the reference model (dpo_reward_margin, dpo_err_*)",
+            (DPO_ACCURACY,),
         )
 
 
-def _dpo_accuracy(run: _Run) -> Iterator[_Hit]:
-    accuracy = run.series(DPO_ACCURACY)
-    if len(accuracy) < TREND_MIN_FRAMES:
-        return
-    tail = accuracy[-max(1, math.ceil(len(accuracy) * BASELINE_FRACTION)) :]
-    level = statistics.fmean(v for _, v in tail)
-    if level >= DPO_CHANCE + DPO_MIN_RISE:
-        return
-    below = level <= DPO_CHANCE - DPO_MIN_RISE
-    yield _Hit(
-        [s for s, _ in tail],
-        f"train/dpo_accuracy averages {_fmt(level)} over the last {len(tail)} steps: it has not risen "
-        f"from chance ({DPO_CHANCE})"
-        + ("; below chance, the policy prefers the rejected samples" if below else ""),
-        ("check that winner and loser are not swapped in the data; " if below else "")
-        + "check the learning rate, beta and the reference model (dpo_reward_margin, dpo_err_*)",
-        (DPO_ACCURACY,),
-    )
+class _ScRhoMax(_Watch):
+    def __init__(self, run: _Run) -> None:
+        self.steps = array.array("q")
+        self.peak: tuple[int, float] | None = None
+
+    def see(self, frame: Frame) -> None:
+        value = _number(frame.metrics.get(SC_RHO_MAX))
+        tokens = _number(frame.metrics.get(SC_TOKENS))
+        if value is None or value < SC_RHO_MAX_LARGE or (tokens is not None and tokens <= 0):
+            return
+        self.steps.append(frame.step)
+        if self.peak is None or value > self.peak[1]:
+            self.peak = (frame.step, value)
+
+    def hits(self) -> Iterator[_Hit]:
+        if self.peak is not None:
+            step, peak = self.peak
+            yield _Hit(
+                self.steps,
+                f"sc_rho_max reached {_fmt(peak)} (step {step}; 1.0 when sampler and trainer agree): a "
+                "confident trainer against an unsure sampler, where the 1e-6 tail floor bites",
+                "compare sc_head_mass_q/p and sc_kl_head; check that sampler and trainer run the same "
+                "weights and temperature, or widen the sampler's top-k head",
+                (SC_RHO_MAX, SC_TOKENS),
+            )
 
 
-def _sc_rho_max(run: _Run) -> Iterator[_Hit]:
-    tokens = dict(run.series(SC_TOKENS))
-    large = [(s, v) for s, v in run.series(SC_RHO_MAX) if v >= SC_RHO_MAX_LARGE and tokens.get(s, 1.0) > 0]
-    if large:
-        step, peak = max(large, key=lambda sv: sv[1])
-        yield _Hit(
-            [s for s, _ in large],
-            f"sc_rho_max reached {_fmt(peak)} (step {step}; 1.0 when sampler and trainer agree): a "
-            "confident trainer against an unsure sampler, where the 1e-6 tail floor bites",
-            "compare sc_head_mass_q/p and sc_kl_head; check that sampler and trainer run the same "
-            "weights and temperature, or widen the sampler's top-k head",
-            (SC_RHO_MAX, SC_TOKENS),
-        )
+class _StepOrder(_Watch):
+    every_phase = True
 
+    def __init__(self, run: _Run) -> None:
+        self.latest: dict[str, int] = {}
+        self.steps = array.array("q")
+        self.examples: list[str] = []
 
-def _step_order(run: _Run) -> Iterator[_Hit]:
-    latest: dict[str, int] = {}
-    steps: list[int] = []
-    examples: list[str] = []
-    for frame in run.frames:
-        last = latest.get(frame.phase)
+    def see(self, frame: Frame) -> None:
+        last = self.latest.get(frame.phase)
         if last is not None and frame.step <= last:
-            steps.append(frame.step)
-            if len(examples) < 3:
-                examples.append(f"{frame.phase} step {frame.step} after {last}")
-        latest[frame.phase] = max(frame.step, last if last is not None else frame.step)
-    if steps:
-        yield _Hit(
-            steps,
-            f"steps go backwards or repeat ({'; '.join(examples)}): a resumed run that replayed steps, "
-            "or two runs in one journal; trackers keep only one point per step",
-            "resume from the checkpoint's step (not step 0), or give each run its own journal",
-            (),
-        )
+            self.steps.append(frame.step)
+            if len(self.examples) < 3:
+                self.examples.append(f"{frame.phase} step {frame.step} after {last}")
+        self.latest[frame.phase] = max(frame.step, last if last is not None else frame.step)
+
+    def hits(self) -> Iterator[_Hit]:
+        if self.steps:
+            yield _Hit(
+                self.steps,
+                f"steps go backwards or repeat ({'; '.join(self.examples)}): a resumed run that replayed "
+                "steps, or two runs in one journal; trackers keep only one point per step",
+                "resume from the checkpoint's step (not step 0), or give each run its own journal",
+                (),
+            )
 
 
-def _journal_integrity(run: _Run) -> Iterator[_Hit]:
-    for note in run.journal.warnings:
-        yield _Hit(
-            (),
-            f"{note}; the complete lines before it were read",
-            "the writer was killed mid-line (a crash or a lost machine); nothing to fix unless the run "
-            "should still be going",
-            (),
-        )
+class _JournalIntegrity(_Watch):
+    def __init__(self, run: _Run) -> None:
+        self.journal = run.journal
+
+    def hits(self) -> Iterator[_Hit]:
+        for note in self.journal.warnings:
+            yield _Hit(
+                (),
+                f"{note}; the complete lines before it were read",
+                "the writer was killed mid-line (a crash or a lost machine); nothing to fix unless the run "
+                "should still be going",
+                (),
+            )
 
 
-def _run_end(run: _Run) -> Iterator[_Hit]:
-    end = run.journal.end
-    if end is None:
-        yield _Hit(
-            (),
-            "the journal has no end record: the run is still going, or was killed before it closed",
-            "if it is not running, look at the job's log around its last step",
-            (),
-            Severity.INFO,
-        )
-    elif end.get("status") == "failed":
-        yield _Hit(
-            (),
-            "the run ended with status 'failed' (an exception unwound the training loop)",
-            "look at the job's log around the last step; the findings above may say why",
-            (),
-        )
+class _RunEnd(_Watch):
+    def __init__(self, run: _Run) -> None:
+        self.journal = run.journal
+
+    def hits(self) -> Iterator[_Hit]:
+        end = self.journal.end
+        if end is None:
+            yield _Hit(
+                (),
+                "the journal has no end record: the run is still going, or was killed before it closed",
+                "if it is not running, look at the job's log around its last step",
+                (),
+                Severity.INFO,
+            )
+        elif end.get("status") == "failed":
+            yield _Hit(
+                (),
+                "the run ended with status 'failed' (an exception unwound the training loop)",
+                "look at the job's log around the last step; the findings above may say why",
+                (),
+            )
 
 
 # -- the table -----------------------------------------------------------------------------------------
@@ -776,13 +979,14 @@ def _run_end(run: _Run) -> Iterator[_Hit]:
 
 @dataclasses.dataclass(frozen=True)
 class Check:
-    """A registered check: its id, default severity, the keys it reads and its threshold in words."""
+    """A registered check: its id, default severity, the keys it reads, its threshold in words, and
+    what watches the frames for it (made afresh for each run)."""
 
     id: str
     severity: Severity
     reads: tuple[str, ...]
     threshold: str
-    run: Callable[[_Run], Iterable[_Hit]]
+    watch: Callable[[_Run], _Watch]
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "severity": self.severity.value, "reads": list(self.reads),
@@ -792,48 +996,55 @@ class Check:
 CHECKS: tuple[Check, ...] = (
     Check("clip_at_single_minibatch", Severity.ERROR, (CLIP_FRAC, RATIO_ABSDEV, "config .../n_mini"),
           f"clip_frac > 0 or ratio_absdev > {RATIO_ABSDEV_TOLERANCE:g} at n_mini == 1 "
-          "(info when n_mini is unknown)", _clip_at_single_minibatch),
+          "(info when n_mini is unknown)", _ClipAtSingleMinibatch),
     Check("update_skipped", Severity.ERROR, (OUTCOME, SKIP_REASON, ZERO_GRAD, NONFINITE_TOTAL),
-          "update_outcome == 'skipped', zero-gradient skips excepted (warning outside GRPO)", _update_skipped),
+          "update_outcome == 'skipped', zero-gradient skips excepted (warning outside GRPO)", _UpdateSkipped),
     Check("nonfinite_in_a_row", Severity.ERROR, (NONFINITE_CONSECUTIVE,),
-          f"nonfinite_skips_consecutive >= {NONFINITE_CONSECUTIVE_MAX}", _nonfinite_in_a_row),
+          f"nonfinite_skips_consecutive >= {NONFINITE_CONSECUTIVE_MAX}", _NonfiniteInARow),
     Check("nonfinite_applied", Severity.ERROR, (LOSS, GRAD_NORM, OUTCOME),
-          "loss_avg or grad_norm NaN/inf where update_outcome == 'applied'", _nonfinite_applied),
+          "loss_avg or grad_norm NaN/inf where update_outcome == 'applied'", _NonfiniteApplied),
     Check("ppo_counter_mismatch", Severity.ERROR, (POLICY_STEP, CRITIC_STEP),
-          "policy and critic counters advance differently between adjacent frames", _ppo_counters),
+          "policy and critic counters advance differently between adjacent frames", _PpoCounters),
     Check("informative_groups_low", Severity.WARNING, (INFORMATIVE, GROUPS, ZERO_GRAD),
-          f"informative <= {INFORMATIVE_FRACTION_MIN:.0%} of group_count (or 0)", _informative_groups),
+          f"informative <= {INFORMATIVE_FRACTION_MIN:.0%} of group_count (or 0)", _InformativeGroups),
     Check("kl_spike", Severity.WARNING, (KL_MAX, KL_MEAN, GRAD_NORM),
           f"kl_max >= {KL_RATIO_MIN:g} x kl_mean and >= {KL_MAX_MIN:g} nat, with grad_norm >= "
-          f"{GRAD_JUMP_FACTOR:g} x median of the previous {GRAD_BASELINE_WINDOW}", _kl_spike),
+          f"{GRAD_JUMP_FACTOR:g} x median of the previous {GRAD_BASELINE_WINDOW}", _KlSpike),
     Check("length_budget", Severity.WARNING, (TRUNCATED, LEN_MAX, "config .../max_tokens"),
           f"truncated_frac >= first-{BASELINE_FRACTION:.0%} mean + {TRUNCATION_RISE:g} with "
-          "response_len_max at the budget", _length_budget),
+          "response_len_max at the budget", _LengthBudget),
     Check("logprob_gap_rising", Severity.WARNING, (GAP_MEAN, GAP_COUNT),
           f"gap >= max({GAP_RISE_FACTOR:g} x baseline, baseline + {GAP_RISE_MIN:g} nats)",
-          _logprob_gap_rising),
+          _LogprobGapRising),
     Check("logprob_gap_no_data", Severity.INFO, (GAP_COUNT, VALID_TOKENS),
           "logprob_gap_token_count == 0 where valid_token_count > 0 (warning when only at some steps)",
-          _logprob_gap_no_data),
+          _LogprobGapNoData),
     Check("dpo_accuracy_flat", Severity.WARNING, (DPO_ACCURACY,),
-          f"last-{BASELINE_FRACTION:.0%} mean of dpo_accuracy < {DPO_CHANCE + DPO_MIN_RISE:g}", _dpo_accuracy),
+          f"last-{BASELINE_FRACTION:.0%} mean of dpo_accuracy < {DPO_CHANCE + DPO_MIN_RISE:g}", _DpoAccuracy),
     Check("sc_rho_max_large", Severity.WARNING, (SC_RHO_MAX, SC_TOKENS),
-          f"sc_rho_max >= {SC_RHO_MAX_LARGE:g}", _sc_rho_max),
-    Check("nonfinite_values", Severity.WARNING, ("*",), "any NaN/inf value in the journal", _nonfinite_values),
-    Check("step_order", Severity.WARNING, ("step",), "a step <= an earlier step of the same phase", _step_order),
-    Check("journal_integrity", Severity.WARNING, ("journal",), "a torn last line was skipped", _journal_integrity),
-    Check("run_end", Severity.WARNING, ("journal end",), "status 'failed' (info: no end record)", _run_end),
-    Check("zero_grad_skips", Severity.INFO, (ZERO_GRAD,), "zero_grad_skips_total rose", _zero_grad_skips),
+          f"sc_rho_max >= {SC_RHO_MAX_LARGE:g}", _ScRhoMax),
+    Check("nonfinite_values", Severity.WARNING, ("*",), "any NaN/inf value in the journal", _NonfiniteValues),
+    Check("step_order", Severity.WARNING, ("step",), "a step <= an earlier step of the same phase", _StepOrder),
+    Check("journal_integrity", Severity.WARNING, ("journal",), "a torn last line was skipped", _JournalIntegrity),
+    Check("run_end", Severity.WARNING, ("journal end",), "status 'failed' (info: no end record)", _RunEnd),
+    Check("zero_grad_skips", Severity.INFO, (ZERO_GRAD,), "zero_grad_skips_total rose", _ZeroGradSkips),
 )
 """Every check the doctor runs, in report order within a severity."""
 
 
 def run_checks(journal: JournalLike) -> list[Finding]:
-    """Every finding of every check in :data:`CHECKS`, errors first, then warnings, then info."""
+    """Every finding of every check in :data:`CHECKS`, errors first, then warnings, then info.
+
+    The frames are read once, in file order, each handed to every check that reads its phase."""
     run = _Run(journal)
+    watches = [check.watch(run) for check in CHECKS]
+    every_phase = [w for w in watches if w.every_phase]
+    for frame in journal.frames:
+        for watch in watches if frame.phase == "train" else every_phase:
+            watch.see(frame)
     findings = []
-    for check in CHECKS:
-        for hit in check.run(run):
+    for check, watch in zip(CHECKS, watches):
+        for hit in watch.hits():
             findings.append(
                 Finding(check.id, hit.severity or check.severity, tuple(sorted(set(hit.steps))),
                         hit.explanation, hit.next_step, hit.keys)
@@ -870,9 +1081,6 @@ def step_ranges(steps: Iterable[int], *, limit: int | None = None) -> str:
 
 
 def _run_summary(journal: JournalLike) -> dict[str, Any]:
-    phases: dict[str, list[int]] = {}
-    for frame in journal.frames:
-        phases.setdefault(frame.phase, []).append(frame.step)
     end = journal.end
     return {
         "id": journal.run_id,
@@ -883,8 +1091,8 @@ def _run_summary(journal: JournalLike) -> dict[str, Any]:
                   for k, v in dict(journal.header.get("extra") or {}).items()},
         "status": str(end.get("status", "?")) if end is not None else "no end record",
         "phases": {
-            phase: {"frames": len(steps), "first_step": min(steps), "last_step": max(steps)}
-            for phase, steps in phases.items()
+            phase: {"frames": span.frames, "first_step": span.first_step, "last_step": span.last_step}
+            for phase, span in journal.phases.items()
         },
     }
 

@@ -28,7 +28,7 @@ import mmap
 import os
 import re
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -43,8 +43,8 @@ from .core.values import MAX_EXACT_INT, Scalar
 from .integrations.base import RunInfo
 
 __all__ = [
-    "FORMAT", "SAFE_RUN_ID", "VERSION", "Journal", "JournalSink", "JournalTail", "Record", "header_adapters",
-    "journal_closed", "last_header", "read_journal",
+    "FORMAT", "SAFE_RUN_ID", "VERSION", "FramesOnDisk", "Journal", "JournalOnDisk", "JournalSink", "JournalTail",
+    "PhaseSpan", "Record", "header_adapters", "journal_closed", "last_header", "open_journal", "read_journal",
 ]
 
 _orjson: Any = None
@@ -231,15 +231,11 @@ class JournalSink:
             os.fsync(self._file.fileno())
 
 
-@dataclasses.dataclass
-class Journal:
-    """A journal read back: its header, frames in file order, end record (if any) and warnings."""
+class _Header:
+    """What a journal's header says, for both ways of reading a journal (:class:`Journal`,
+    :class:`JournalOnDisk`)."""
 
-    path: Path
     header: dict[str, Any]
-    frames: list[Frame]
-    end: dict[str, Any] | None
-    warnings: list[str]
 
     @property
     def run_id(self) -> str:
@@ -274,14 +270,83 @@ class Journal:
         return dict(self.header.get("extra", {}))
 
 
+@dataclasses.dataclass(frozen=True)
+class PhaseSpan:
+    """A phase's frames in a journal: how many, and the lowest and highest step."""
+
+    frames: int
+    first_step: int
+    last_step: int
+
+
+def _phase_spans(frames: Iterable[Frame]) -> dict[str, PhaseSpan]:
+    spans: dict[str, list[int]] = {}  # phase -> [frames, first, last]
+    for frame in frames:
+        span = spans.get(frame.phase)
+        if span is None:
+            spans[frame.phase] = [1, frame.step, frame.step]
+        else:
+            span[0] += 1
+            span[1] = min(span[1], frame.step)
+            span[2] = max(span[2], frame.step)
+    return {phase: PhaseSpan(*span) for phase, span in spans.items()}
+
+
+@dataclasses.dataclass
+class Journal(_Header):
+    """A journal read back: its header, frames in file order, end record (if any) and warnings."""
+
+    path: Path
+    header: dict[str, Any]
+    frames: list[Frame]
+    end: dict[str, Any] | None
+    warnings: list[str]
+
+    @property
+    def phases(self) -> dict[str, PhaseSpan]:
+        """Per phase (``train``, ``val``): its frames and its lowest and highest step."""
+        return _phase_spans(self.frames)
+
+
+class FramesOnDisk:
+    """A journal's frames, parsed again from the file at each iteration: a pass holds one frame at a
+    time. The file is read as it was when the journal was opened, so every pass gives the same frames
+    (a live run's later lines are not read); a file changed under it since is a :class:`MetricsError`."""
+
+    def __init__(self, path: Path, size: int, count: int) -> None:
+        self.path, self.size, self.count = path, size, count
+
+    def __iter__(self) -> Iterator[Frame]:
+        return _frames(self.path, _Pass(), size=self.size, warn=False)
+
+    def __len__(self) -> int:
+        return self.count
+
+
+@dataclasses.dataclass
+class JournalOnDisk(_Header):
+    """A journal checked whole but not held (see :func:`open_journal`): ``frames`` reads them again
+    from the file at each iteration, so a long run's journal is read in constant memory."""
+
+    path: Path
+    header: dict[str, Any]
+    frames: FramesOnDisk
+    end: dict[str, Any] | None
+    warnings: list[str]
+    phases: dict[str, PhaseSpan]
+
+
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def _lines(path: Path) -> Iterator[tuple[int, str | UnicodeDecodeError, bool]]:
-    """``(number, text, last)`` per non-blank line; ``last``: no newline after it (possibly torn).
-    A line that is not UTF-8 comes as its decoding error, for the reader to name the line."""
+def _lines(path: Path, size: int | None = None) -> Iterator[tuple[int, str | UnicodeDecodeError, bool]]:
+    """``(number, text, last)`` per non-blank line of the file's first ``size`` bytes (by default,
+    what is written when it is opened: a live run's later lines wait); ``last``: no newline after it
+    (possibly torn). A line that is not UTF-8 comes as its decoding error, for the reader to name the
+    line."""
     with open(path, "rb") as f:  # line by line: a long run's journal is never held twice over
-        size = os.fstat(f.fileno()).st_size  # what is written now: a live run's later lines wait
+        if size is None:
+            size = os.fstat(f.fileno()).st_size
         read = 0
         for i, raw in enumerate(f, 1):
             if read + len(raw) > size:
@@ -296,6 +361,9 @@ def _lines(path: Path) -> Iterator[tuple[int, str | UnicodeDecodeError, bool]]:
                 yield i, line, last
             if last or read >= size:
                 return
+    if read < size:
+        raise MetricsError(f"{path}: the file is shorter than when it was opened ({read} of {size} bytes): it "
+                           "was truncated or replaced while being read")
 
 
 def _encoding_problem(exc: UnicodeDecodeError) -> str:
@@ -422,20 +490,62 @@ def _check_header(path: Path, header: Mapping[str, Any]) -> None:
         raise MetricsError(f"{path}: the journal header's {problem}; the file is damaged or not ours")
 
 
-def read_journal(path: str | os.PathLike[str]) -> Journal:
-    """Read a journal. A torn last line (a crash mid-write) is skipped with a warning; anything
-    else malformed, an unknown format or version, or a missing file is a :class:`MetricsError`."""
+def _existing(path: str | os.PathLike[str]) -> Path:
     p = Path(path)
     if not p.is_file():
         raise MetricsError(f"journal {p} does not exist or is not a file; fix: pass the path of a journal.jsonl")
-    header: dict[str, Any] | None = None
-    frames: list[Frame] = []
+    return p
+
+
+def read_journal(path: str | os.PathLike[str]) -> Journal:
+    """Read a journal. A torn last line (a crash mid-write) is skipped with a warning; anything
+    else malformed, an unknown format or version, or a missing file is a :class:`MetricsError`."""
+    p = _existing(path)
+    found = _Pass()
+    frames = list(_frames(p, found))
+    return Journal(p, found.header(p), frames, found.end, found.notes)
+
+
+def open_journal(path: str | os.PathLike[str]) -> JournalOnDisk:
+    """Check a journal as :func:`read_journal` does, without holding its frames: they are read again
+    from the file at each iteration of ``frames`` (the run's record at close reads a long run this
+    way, in memory that does not grow with the run)."""
+    p = _existing(path)
+    size = p.stat().st_size
+    found = _Pass()
+    spans = _phase_spans(_frames(p, found, size=size))
+    count = sum(span.frames for span in spans.values())
+    return JournalOnDisk(p, found.header(p), FramesOnDisk(p, size, count), found.end, found.notes, spans)
+
+
+@dataclasses.dataclass
+class _Pass:
+    """What a pass over a journal (:func:`_frames`) found besides its frames."""
+
+    first: dict[str, Any] | None = None  # the first header
     end: dict[str, Any] | None = None
-    notes: list[str] = []
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    def header(self, path: Path) -> dict[str, Any]:
+        if self.first is None:
+            raise MetricsError(f"{path}: empty journal (no header line)")
+        return self.first
+
+
+def _frames(p: Path, found: _Pass, *, size: int | None = None, warn: bool = True) -> Iterator[Frame]:
+    """The frames of the journal at ``p`` in file order, checked; its header, end record and notes
+    (a skipped torn line) go to ``found`` (warned about too, with ``warn``)."""
+    header: dict[str, Any] | None = None
     damaged: tuple[int, str] | None = None
     keys: dict[str, KeyInfo] = {}
     labelled: dict[str, tuple[str, ...]] = {}
-    for number, line, unterminated in _lines(p):
+
+    def note(text: str) -> None:
+        found.notes.append(text)
+        if warn:
+            warnings.warn(text, stacklevel=4)  # the caller of read_journal / open_journal
+
+    for number, line, unterminated in _lines(p, size):
         try:
             if isinstance(line, UnicodeDecodeError):
                 raise ValueError(_encoding_problem(line))
@@ -447,9 +557,7 @@ def read_journal(path: str | os.PathLike[str]) -> Journal:
                                  "any tracker can store")
         except (ValueError, RecursionError) as exc:  # RecursionError: nesting too deep to decode
             if unterminated:
-                note = f"{p}:{number}: skipped a torn last line (the writer stopped mid-line)"
-                notes.append(note)
-                warnings.warn(note, stacklevel=2)
+                note(f"{p}:{number}: skipped a torn last line (the writer stopped mid-line)")
                 continue
             if damaged is not None or header is None:
                 raise MetricsError(f"{p}:{number}: not a journal line ({exc}); the file is damaged") from None
@@ -459,9 +567,7 @@ def read_journal(path: str | os.PathLike[str]) -> Journal:
         if damaged is not None:
             if kind != "header" or header is None:
                 raise MetricsError(f"{p}:{damaged[0]}: not a journal line ({damaged[1]}); the file is damaged")
-            note = f"{p}:{damaged[0]}: skipped a line torn by a crash; the run resumed after it"
-            notes.append(note)
-            warnings.warn(note, stacklevel=2)
+            note(f"{p}:{damaged[0]}: skipped a line torn by a crash; the run resumed after it")
             damaged = None
         if header is None:
             if kind != "header" or record.get("format") != FORMAT:
@@ -473,7 +579,7 @@ def read_journal(path: str | os.PathLike[str]) -> Journal:
                     f"reads version {VERSION}; fix: upgrade posttrain-metrics"
                 )
             _check_header(p, record)
-            header = record
+            header = found.first = record
             keys = _catalogue(record)
             labelled = {key: info.metric.labels for key, info in keys.items() if info.metric.labels}
         elif kind == "frame":
@@ -487,11 +593,11 @@ def read_journal(path: str | os.PathLike[str]) -> Journal:
                         record = json.loads(line)
                         metrics = _metrics(record)
                     _check_frame(record, metrics, keys)  # names what is wrong, if anything is
-                frames.append(Frame(record["step"], metrics, str(record.get("phase", "train")),
-                                    float(record.get("time", 0.0))))
+                frame = Frame(record["step"], metrics, str(record.get("phase", "train")),
+                              float(record.get("time", 0.0)))
             except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
                 if unterminated:
-                    notes.append(f"{p}:{number}: skipped a torn last line")
+                    found.notes.append(f"{p}:{number}: skipped a torn last line")
                     continue
                 raise MetricsError(f"{p}:{number}: malformed frame ({exc!r})") from None
         elif kind == "end":
@@ -499,19 +605,18 @@ def read_journal(path: str | os.PathLike[str]) -> Journal:
                 if unterminated:
                     continue
                 raise MetricsError(f"{p}:{number}: end record's time {record['time']!r:.40} is not a finite number")
-            end = record
+            found.end = record
             continue
         elif kind == "header":
             pass  # a resumed run appends its own header; the first one names the run
         else:
             raise MetricsError(f"{p}:{number}: unknown record kind {kind!r}")
         if kind in ("frame", "header"):
-            end = None  # the run went on after an end record: its status is the next end's
+            found.end = None  # the run went on after an end record: its status is the next end's
+        if kind == "frame":
+            yield frame
     if damaged is not None:
         raise MetricsError(f"{p}:{damaged[0]}: not a journal line ({damaged[1]}); the file is damaged")
-    if header is None:
-        raise MetricsError(f"{p}: empty journal (no header line)")
-    return Journal(p, header, frames, end, notes)
 
 
 # -- following a journal as it grows (the publisher's reader) ----------------------------------------

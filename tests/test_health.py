@@ -23,7 +23,7 @@ from posttrain_metrics.doctor import (
     run_checks,
     step_ranges,
 )
-from posttrain_metrics.journal import JournalSink, read_journal
+from posttrain_metrics.journal import JournalSink, open_journal, read_journal
 from posttrain_metrics.publication import Publisher
 
 HEALTHY_CONFIG = {"rl": {"n_mini": 2}, "rollout": {"max_tokens": 16}}
@@ -67,7 +67,12 @@ def every(steps: Iterable[int], **values: object) -> dict[int, dict[str, object]
 
 
 def doctor(tmp_path: Path, frames: list[Frame], **kw: object) -> list[Finding]:
-    return run_checks(read_journal(write_journal(tmp_path / "journal.jsonl", frames, **kw)))
+    """The findings of the doctor reading the journal held in memory; reading it from disk pass by pass
+    (what the run's record does at close) must find the same."""
+    path = write_journal(tmp_path / "journal.jsonl", frames, **kw)
+    findings = run_checks(read_journal(path))
+    assert run_checks(open_journal(path)) == findings
+    return findings
 
 
 def fired(findings: list[Finding], check: str) -> list[Finding]:
@@ -429,3 +434,81 @@ def test_cli_keys_with_an_unknown_adapter_exits_2(capsys):
         main(["keys", "no_such_adapter"])
     assert exc.value.code == 2
     assert "invalid choice" in capsys.readouterr().err
+
+
+# -- a long run, read pass by pass -----------------------------------------------------------------------
+
+
+class LongRun:
+    """A healthy GRPO-shaped run of ``steps`` frames made on the fly (never held): every key the doctor's
+    checks read, the three trend keys (truncation, logprob gap, DPO accuracy) among them, and a logprob
+    gap that rises tenfold over the last ``rise`` steps. Counts the passes made over it."""
+
+    def __init__(self, steps: int, rise: int = 5) -> None:
+        self.steps, self.rise, self.passes = steps, rise, 0
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __iter__(self):
+        self.passes += 1
+        for step in range(1, self.steps + 1):
+            gap = 0.05 if step > self.steps - self.rise else 0.005 + (step % 7) * 1e-4
+            yield Frame(step, {
+                "train/clip_frac": 0.1, "train/ratio_absdev": 0.02, "train/grpo_group_count": 8,
+                "train/grpo_informative_group_count": 6, "train/grpo_all_zero_group_count": 1,
+                "train/grpo_all_one_group_count": 1, "optim/zero_grad_skips_total": 0,
+                "train/kl_mean": 0.01, "train/kl_max": 0.5, "train/grad_norm": 1.0 + (step % 5) * 0.1,
+                "train/loss_avg": 0.1, "train/rollout_truncated_frac": 0.0, "train/response_len_max": 12,
+                "train/logprob_gap_mean": gap, "train/logprob_gap_token_count": 100,
+                "train/valid_token_count": 100, "optim/update_outcome": "applied",
+                "optim/nonfinite_skips_total": 0, "optim/nonfinite_skips_consecutive": 0,
+                "train/dpo_accuracy": 0.8, "train/sc_rho_max": 1.5, "train/sc_token_count": 10,
+                **{f"train/other_{i}": step * 0.5 + i for i in range(30)},  # keys no check reads
+            }, "train", 1_700_000_000.0 + step)
+
+
+class LongJournal:
+    """The journal-like shape the doctor reads, around a :class:`LongRun`."""
+
+    def __init__(self, frames: LongRun) -> None:
+        self.frames = frames
+        self.path = Path("long.jsonl")
+        self.header = {"run_id": "long", "name": "long", "adapters": list(GRPO_ADAPTERS)}
+        self.end = {"kind": "end", "status": "finished"}
+        self.warnings: list[str] = []
+        self.run_id, self.adapters = "long", list(GRPO_ADAPTERS)
+        self.config = {"rl/n_mini": 2, "rollout/max_tokens": 16}
+        self.phases = {}
+
+
+def doctor_peak(steps: int) -> tuple[int, list[Finding], int]:
+    import tracemalloc
+
+    run = LongRun(steps)
+    journal = LongJournal(run)
+    tracemalloc.start()
+    try:
+        findings = run_checks(journal)  # type: ignore[arg-type]  (the protocol, not the class)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return peak, findings, run.passes
+
+
+def test_the_doctor_reads_a_long_run_in_one_pass_and_memory_that_grows_only_with_its_trend_series():
+    # Held frames would cost ~2 KB a step here (55 keys); the checks keep only what they remember: the
+    # trend checks' series (truncation 24 bytes a frame, gap and DPO accuracy 16 each: 56), the sorted
+    # copy of the gap's first quarter its median takes (32 bytes a value: 8 a frame), and the steps of
+    # their findings. 60,000 more steps may then cost 60,000 x 64 bytes, with room for the arrays'
+    # growth (x1.2) and a few hundred KB of anything else.
+    short_peak, short, passes = doctor_peak(20_000)
+    long_peak, long, long_passes = doctor_peak(80_000)
+    assert passes == long_passes == 1
+    assert long_peak - short_peak <= 60_000 * 64 * 1.2 + 300_000, (short_peak, long_peak)
+    # ...and the trend series read to the end: the gap's rise over the last five steps is found, there only
+    for steps, findings in ((20_000, short), (80_000, long)):
+        assert [(f.check, f.steps) for f in findings] == [
+            ("logprob_gap_rising", tuple(range(steps - 4, steps + 1)))
+        ]
+        assert "rose from 0.0053 to 0.05 nats" in findings[0].explanation  # median of 0.005 + k*1e-4, k=0..6

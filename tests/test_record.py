@@ -75,3 +75,73 @@ def test_the_record_is_attached_to_mlflow_and_wandb_at_close(tmp_path: Path, mlf
     offline = read_offline_run(run_file(files.parent.parent / f"run-record{publisher}.wandb"))
     saved = sorted(f.path for r in offline.records if r.WhichOneof("record_type") == "files" for f in r.files.files)
     assert [p for p in saved if p.startswith("posttrain_metrics/")] == [f"posttrain_metrics/{n}" for n in RECORD]
+
+
+# -- the journal read pass by pass (what the record does at close) --------------------------------------
+
+
+def small_journal(path: Path, steps: int = 5) -> list[str]:
+    """A journal of ``steps`` train frames and an end record, written by the real writer; its lines."""
+    from posttrain_metrics import Frame
+    from posttrain_metrics.integrations.base import RunInfo
+    from posttrain_metrics.journal import JournalSink
+
+    sink = JournalSink(path)
+    sink.start(RunInfo(run_id="passes", name="passes", config={}, keys={}, adapters=(), started=1.0))
+    for step in range(1, steps + 1):
+        sink.write(Frame(step, {"my/x": step * 0.5, "my/y": float("nan") if step == 3 else step}, "train", 2.0 + step))
+    sink.close()
+    return path.read_text().splitlines()
+
+
+def test_open_journal_reads_the_file_as_it_was_when_opened_and_the_same_at_every_pass(tmp_path: Path) -> None:
+    import math
+    import warnings
+
+    from posttrain_metrics.core.errors import MetricsError
+    from posttrain_metrics.journal import open_journal
+
+    path = tmp_path / "journal.jsonl"
+    lines = small_journal(path)
+    frame_line = lines[1]
+    with path.open("a") as f:  # a torn last line: warned about once, at open
+        f.write(frame_line[:20])
+    with pytest.warns(UserWarning, match="skipped a torn last line"):
+        journal = open_journal(path)
+    assert len(journal.frames) == 5 and journal.end is not None and journal.end["status"] == "finished"
+    assert journal.phases["train"].frames == 5
+    assert (journal.phases["train"].first_step, journal.phases["train"].last_step) == (1, 5)
+    assert len(journal.warnings) == 1
+
+    with path.open("a") as f:  # the run goes on after the opening: not read by later passes
+        f.write(frame_line[20:] + "\n" + frame_line.replace('"step":1', '"step":99') + "\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the torn line is not warned about again at each pass
+        passes = [[(f.step, f.metrics["my/x"], f.metrics["my/y"]) for f in journal.frames] for _ in range(2)]
+    assert passes[0][:2] == passes[1][:2] == [(1, 0.5, 1), (2, 1.0, 2)]
+    assert [p[0] for p in passes[0]] == [p[0] for p in passes[1]] == [1, 2, 3, 4, 5]
+    assert all(math.isnan(p[2][2]) for p in passes)  # NaN read back as NaN
+
+    path.write_text("\n".join(lines[:3]) + "\n")  # replaced by a shorter file: not silently fewer frames
+    with pytest.raises(MetricsError, match="shorter than when it was opened"):
+        list(journal.frames)
+
+
+def test_the_record_of_a_journal_read_pass_by_pass_equals_the_record_of_it_read_whole(tmp_path: Path) -> None:
+    from posttrain_metrics.doctor import format_findings, run_checks
+    from posttrain_metrics.journal import open_journal
+    from posttrain_metrics.publication.artifacts import record_dir, write_record
+
+    path = tmp_path / "journal.jsonl"
+    small_journal(path, steps=40)
+    write_record(path)
+    whole = read_journal(path)
+    folder = record_dir(path)
+    for name, as_json in (("doctor.txt", False), ("doctor.json", True)):
+        assert (folder / name).read_text() == format_findings(run_checks(whole), as_json=as_json, journal=whole) + "\n"
+    report = json.loads((folder / "doctor.json").read_text())
+    assert report["run"]["phases"] == {"train": {"frames": 40, "first_step": 1, "last_step": 40}}
+    assert [f["check"] for f in report["findings"]] == ["nonfinite_values"]  # my/y is NaN at step 3
+    assert report["findings"][0]["steps"] == [3]
+    assert (folder / "dashboard.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(open_journal(path).frames) == 40

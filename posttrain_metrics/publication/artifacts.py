@@ -11,6 +11,10 @@ and hands them, after the journal itself (the metrics exactly as reduced) and it
 the run published completions), to every sink that takes files (``attach(files)``: MLflow as run artifacts under
 ``posttrain_metrics/``, W&B as run files under ``posttrain_metrics/``) before closing it. Building
 the record never stops the close: a part that fails is left out with a warning.
+
+The journal is not held in memory: it is checked whole once, then each reader (the doctor, the
+dashboard) parses it again as it goes (:func:`~posttrain_metrics.journal.open_journal`), so the record
+of a long run takes no more memory than a short one's, at the price of a few passes over the file.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ def _atomic(path: Path, data: bytes) -> None:
 def write_record(journal: Path) -> list[Path]:
     """Write the record of ``journal`` (see the module docstring); the journal and the files written."""
     from ..doctor import format_findings, run_checks
-    from ..journal import read_journal
+    from ..journal import open_journal
 
     folder = record_dir(journal)
     folder.mkdir(parents=True, exist_ok=True)
@@ -51,7 +55,7 @@ def write_record(journal: Path) -> list[Path]:
         files.append(samples_path(journal))  # the sample completions, when the run published some
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a torn last line was warned about where it was read first
-        run = read_journal(journal)
+        run = open_journal(journal)  # checked whole, frames read again by each pass: memory flat in steps
     config = folder / "config.json"
     _atomic(config, json.dumps(run.config, indent=2, sort_keys=True, allow_nan=False).encode())
     files.append(config)
