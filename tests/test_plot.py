@@ -3,11 +3,14 @@ findings and non-finite points drawn; clear errors without matplotlib or with a 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import struct
 import sys
-from collections.abc import Iterable
+import tracemalloc
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _runs import GRPO_ADAPTERS, dpo_run, grpo_run, nonfinite_frame, ppo_run
@@ -16,7 +19,7 @@ from posttrain_metrics import Frame, MetricsError
 from posttrain_metrics.cli import main
 from posttrain_metrics.doctor import Finding, Severity, run_checks
 from posttrain_metrics.journal import Journal, JournalSink, read_journal
-from posttrain_metrics.plot import dashboard
+from posttrain_metrics.plot import BUCKETS, _Data, dashboard
 from posttrain_metrics.publication import Publisher
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -234,3 +237,171 @@ def test_a_long_run_draws_bounded_points_that_keep_every_spike(tmp_path, monkeyp
               for c in strip.collections for _, y in c.get_offsets()[:1]}
     assert marked[rows["update_outcome: skipped"]] == [3333.0]  # both skips fall in one bucket of 10 steps
     assert 900 <= len(marked[rows["update_outcome: applied"]]) <= 1000
+
+
+NOISE = [(((j * 7919 + 1) * 2_654_435_761) % 2**32) / 2**32 for j in range(4099)]
+"""Distinct values in [0, 1) that look random: the generated runs' values, made once (a run made on
+the fly allocates little, so that what is measured is what reads it)."""
+
+
+class GeneratedFrames:
+    """A run's frames made on the fly, as a journal re-read from disk on each pass gives them: sized and
+    iterable again and again, never indexable, held in no list; counts how often it is iterated.
+
+    At steps ``first``, ``first + stride``, ... (``steps`` of them): ``keys - 3`` numeric keys
+    ``train/k00``, ``train/k01``, ..., each with a spike (over 1000) and a dip (under -1000) every few
+    thousand steps at steps of its own, the reward band ``train/reward_mean`` and ``train/reward_std``
+    (spiking too) and a label key. ``rewrite`` maps a step to metrics written again right after it
+    (a resumed run replaying it); ``spikes`` maps a step to values written instead of the generated."""
+
+    def __init__(self, steps: int, *, keys: int = 20, first: int = 1, stride: int = 1,
+                 rewrite: dict[int, dict[str, Any]] | None = None,
+                 spikes: dict[int, dict[str, Any]] | None = None) -> None:
+        self.steps, self.first, self.stride = steps, first, stride
+        self.names = [f"train/k{i:02d}" for i in range(keys - 3)] + ["train/reward_mean", "train/reward_std"]
+        self.rewrite = rewrite or {}
+        self.spikes: dict[int, dict[str, Any]] = {}
+        for i, key in enumerate(self.names):
+            for n in range(17 * i + 5, steps, 9973):
+                self.spikes.setdefault(first + n * stride, {})[key] = 1000.0 + i + n / steps
+            for n in range(13 * i + 3, steps, 7919):
+                self.spikes.setdefault(first + n * stride, {})[key] = -1000.0 - i - n / steps
+        for step, values in (spikes or {}).items():
+            self.spikes.setdefault(step, {}).update(values)
+        self.iterations = 0
+
+    def __len__(self) -> int:
+        return self.steps + len(self.rewrite)
+
+    def __iter__(self) -> Iterator[Frame]:
+        self.iterations += 1
+        for step in range(self.first, self.first + self.steps * self.stride, self.stride):
+            yield Frame(step, self.metrics(step))
+            if step in self.rewrite:
+                yield Frame(step, {**self.metrics(step), **self.rewrite[step]})
+
+    def metrics(self, step: int) -> dict[str, Any]:
+        at = step % (len(NOISE) - len(self.names))
+        out: dict[str, Any] = dict(zip(self.names, NOISE[at : at + len(self.names)]))
+        if step in self.spikes:
+            out.update(self.spikes[step])
+        out["optim/update_outcome"] = "skipped" if step % 997 == 0 else "applied"
+        return out
+
+
+@dataclasses.dataclass
+class RunLike:
+    """What the dashboard reads of a journal, over generated frames."""
+
+    frames: GeneratedFrames
+    path: Path = Path("generated.jsonl")
+    header: dict[str, Any] = dataclasses.field(default_factory=lambda: {"name": "generated"})
+    end: dict[str, Any] | None = None
+    warnings: list[str] = dataclasses.field(default_factory=list)
+    run_id: str = "gen01"
+    adapters: list[str] = dataclasses.field(default_factory=lambda: list(GRPO_ADAPTERS))
+    config: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def peak_bytes_reading(steps: int) -> int:
+    """The peak of Python's allocations while the dashboard's data of a generated run is read."""
+    run = RunLike(GeneratedFrames(steps, keys=10))
+    tracemalloc.start()
+    try:
+        _Data(run)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert run.frames.iterations <= 2  # a journal re-read from disk on each pass: twice at most
+    return peak
+
+
+def test_the_dashboards_data_takes_memory_bounded_whatever_the_runs_length():
+    # The record at close draws the dashboard in the long-running publisher: reading four times the
+    # steps must not take more memory. Measured (Python 3.11): 6.1 MB and 6.6 MB (the longer run's
+    # buckets keep a few more points); reading every point took 8.8 MB and 21.3 MB.
+    _Data(RunLike(GeneratedFrames(5000, keys=10)))  # imports done before measuring
+    short, long = peak_bytes_reading(10_000), peak_bytes_reading(40_000)
+    assert long - short < 1_000_000, (short, long)
+    assert long < 12_000_000, long
+
+
+def test_the_dashboard_reads_frames_it_cannot_index(tmp_path):
+    run = RunLike(GeneratedFrames(6000, keys=8, first=11, stride=2))
+    check_png(dashboard(run, [], tmp_path / "generated.png"))
+    assert run.frames.iterations <= 2
+
+
+def by_bucket(points: Iterable[tuple[int, float]], lo: int, hi: int) -> dict[int, list[tuple[int, float]]]:
+    """Points by bucket of the steps lo-hi, as plot.BUCKETS's docstring states the buckets."""
+    out: dict[int, list[tuple[int, float]]] = {}
+    for step, value in points:
+        out.setdefault((step - lo) * BUCKETS // (hi - lo + 1), []).append((step, value))
+    return out
+
+
+def test_a_long_series_keeps_each_buckets_first_last_lowest_and_highest_point():
+    # 4*BUCKETS + 1 points and more: 12,345 steps from 7, every 3 steps (buckets of 37 steps, not a
+    # multiple of the stride): the points kept are generated points, and they hold the whole series'
+    # extremes, its first and last step, and each bucket's first, last, lowest and highest point; the
+    # label key keeps the first point of each label in each bucket.
+    source = GeneratedFrames(12_345, keys=6, first=7, stride=3)
+    data = _Data(RunLike(source))
+    lo, hi = 7, 7 + 12_344 * 3
+    for key in ("train/k00", "train/k02", "train/reward_mean"):
+        everything = [(frame.step, frame.metrics[key]) for frame in source]
+        kept = data.numeric[key]
+        assert kept == sorted(set(kept)) and set(kept) <= set(everything)
+        assert len(kept) <= (8 if key == "train/reward_mean" else 4) * BUCKETS  # a band's: either's steps
+        assert max(everything, key=lambda p: p[1]) in kept and max(everything, key=lambda p: p[1])[1] > 999
+        assert min(everything, key=lambda p: p[1]) in kept and min(everything, key=lambda p: p[1])[1] < -999
+        assert kept[0] == everything[0] and kept[-1] == everything[-1]
+        buckets = by_bucket(everything, lo, hi)
+        assert len(buckets) == BUCKETS
+        kept_by_bucket = by_bucket(kept, lo, hi)
+        for bucket, points in buckets.items():
+            ends = {points[0], points[-1], max(points, key=lambda p: p[1]), min(points, key=lambda p: p[1])}
+            assert ends <= set(kept_by_bucket[bucket]), (key, bucket)
+            if key != "train/reward_mean":
+                assert len(kept_by_bucket[bucket]) == len(ends), (key, bucket)
+    # the label key: the first point of each label in each bucket
+    firsts: dict[tuple[int, str], int] = {}
+    for frame in source:
+        label = frame.metrics["optim/update_outcome"]
+        firsts.setdefault(((frame.step - lo) * BUCKETS // (hi - lo + 1), label), frame.step)
+    assert data.labels["optim/update_outcome"] == sorted((step, label) for (_, label), step in firsts.items())
+    skips = sum(frame.metrics["optim/update_outcome"] == "skipped" for frame in source)
+    assert skips > 10 and sum(label == "skipped" for _, label in data.labels["optim/update_outcome"]) == skips
+
+
+def test_a_long_band_keeps_the_steps_either_series_kept():
+    # The mean's and the std's spikes fall at different steps, inside buckets: each series keeps the
+    # other's spike step too, with its own value there, so the band is drawn at both spikes.
+    source = GeneratedFrames(10_000, keys=4)
+    data = _Data(RunLike(source))
+    mean, std = dict(data.numeric["train/reward_mean"]), dict(data.numeric["train/reward_std"])
+    assert len(mean) <= 4 * BUCKETS * 2 and set(mean) == set(std)
+    spikes = {frame.step for frame in source
+              if abs(frame.metrics["train/reward_mean"]) > 999 or abs(frame.metrics["train/reward_std"]) > 999}
+    assert len(spikes) >= 4
+    for frame in source:
+        if frame.step in spikes:
+            assert mean[frame.step] == frame.metrics["train/reward_mean"]
+            assert std[frame.step] == frame.metrics["train/reward_std"]
+
+
+@pytest.mark.parametrize("steps", [50, 9000])
+def test_a_step_written_twice_is_drawn_once_with_its_last_value(steps):
+    # A resumed run wrote step 40 again (its first value was the run's top, the second its bottom),
+    # and its label; the last value is the one drawn, in a short run (every point) as in a long one.
+    rewrite = {40: {"train/k00": -5000.0, "train/k01": 0.25, "optim/update_outcome": "discarded"}}
+    source = GeneratedFrames(steps, keys=5, rewrite=rewrite, spikes={40: {"train/k00": 5000.0}})
+    data = _Data(RunLike(source))
+    k00 = data.numeric["train/k00"]
+    assert [p for p in k00 if p[0] == 40] == [(40, -5000.0)] and max(v for _, v in k00) < 5000
+    assert [s for s, _ in k00] == sorted({s for s, _ in k00})  # each step once
+    if steps <= 4 * BUCKETS:  # every point, the last of step 40
+        written = {frame.step: frame.metrics["train/k01"] for frame in source}
+        assert data.numeric["train/k01"] == sorted(written.items()) and written[40] == 0.25
+    assert [label for step, label in data.labels["optim/update_outcome"] if step == 40] == ["discarded"]
+    assert data.first_step == 1 and data.last_step == steps
