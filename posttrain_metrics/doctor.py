@@ -36,7 +36,6 @@ import array
 import collections
 import dataclasses
 import enum
-import itertools
 import json
 import math
 import os
@@ -285,10 +284,14 @@ class _Run:
 class _Watch:
     """A check reading the run as its frames go by, in file order (:meth:`see`; the train frames only
     unless ``every_phase``), then saying what it found (:meth:`hits`). A check holds what it needs to
-    remember, not the frames: the doctor reads a journal of any length in bounded memory, bar the
-    steps its findings name and the few series a trend check compares with their own start."""
+    remember, not the frames: the doctor reads a journal of any length in memory that grows only with
+    the steps its findings name and a quarter of a trend check's series (see :class:`_Trend`)."""
 
     every_phase = False
+    counts = False  # reads the train frames in a first pass too (count)
+
+    def count(self, frame: Frame) -> None:
+        """One train frame of the first pass, for a check whose ``counts`` is set."""
 
     def see(self, frame: Frame) -> None:
         """One frame, in file order."""
@@ -299,7 +302,7 @@ class _Watch:
 
 
 class _Series:
-    """A trend check's series: ``(step, value)`` points in 16 bytes each (two arrays)."""
+    """Part of a trend check's series: ``(step, value)`` points in 16 bytes each (two arrays)."""
 
     def __init__(self) -> None:
         self.steps: array.array[int] = array.array("q")
@@ -312,8 +315,8 @@ class _Series:
     def __len__(self) -> int:
         return len(self.values)
 
-    def points(self, start: int = 0) -> Iterator[tuple[int, float]]:
-        return itertools.islice(zip(self.steps, self.values), start, None)
+    def points(self) -> Iterator[tuple[int, float]]:
+        return zip(self.steps, self.values)
 
 
 def _number(value: object) -> float | None:
@@ -370,10 +373,6 @@ def _count(items: Sequence[object], noun: str) -> str:
 
 def _fmt(value: float) -> str:
     return f"{value:.4g}"
-
-
-def _baseline(values: Sequence[float]) -> Sequence[float]:
-    return values[: max(1, math.ceil(len(values) * BASELINE_FRACTION))]
 
 
 # -- the checks ------------------------------------------------------------------------------------------
@@ -550,78 +549,133 @@ class _KlSpike(_Watch):
         )
 
 
-class _LengthBudget(_Watch):
-    # The baseline is the first quarter of the truncation series, whose length is known at the end:
-    # the series is kept (with each frame's response_len_max), 24 bytes a frame that records it.
-    def __init__(self, run: _Run) -> None:
-        self.config = run.config
-        self.truncated = _Series()
-        self.lengths: array.array[float] = array.array("d")  # response_len_max of the same frame, or -inf
-        self.longest: float | None = None
+class _Trend(_Watch):
+    """A trend check: one series (:meth:`value` of a train frame) whose first or last quarter is compared
+    with the rest. The first pass counts the series' points, so the main pass knows where the quarter
+    ends as it goes and keeps that quarter only (8-16 bytes a point), not the series."""
 
-    def see(self, frame: Frame) -> None:
+    counts = True
+
+    def __init__(self) -> None:
+        self.n = 0  # the series' points, counted in the first pass
+        self.i = 0  # the points seen so far in the main pass
+
+    def value(self, frame: Frame) -> float | None:
+        raise NotImplementedError
+
+    def count(self, frame: Frame) -> None:
+        if self.value(frame) is not None:
+            self.n += 1
+
+    @property
+    def quarter(self) -> int:
+        """The points of the series' baseline (its first ``BASELINE_FRACTION``, at least one)."""
+        return max(1, math.ceil(self.n * BASELINE_FRACTION))
+
+
+class _LengthBudget(_Trend):
+    def __init__(self, run: _Run) -> None:
+        super().__init__()
+        self.config = run.config
+        self.longest: float | None = None  # the run's longest response (the first pass)
+        self.budget: tuple[int, str] | None = None  # and where it comes from, settled at the main pass
+        self.first: array.array[float] = array.array("d")  # the baseline's values
+        self.base = 0.0
+        self.risen = array.array("q")
+        self.peak = -math.inf
+
+    def value(self, frame: Frame) -> float | None:
+        return _number(frame.metrics.get(TRUNCATED))
+
+    def count(self, frame: Frame) -> None:
+        super().count(frame)
         length = _number(frame.metrics.get(LEN_MAX))
         if length is not None:
             self.longest = length if self.longest is None else max(self.longest, length)
-        value = _number(frame.metrics.get(TRUNCATED))
-        if value is not None:
-            self.truncated.add(frame.step, value)
-            self.lengths.append(-math.inf if length is None else length)
 
-    def hits(self) -> Iterator[_Hit]:
-        truncated = self.truncated
-        if len(truncated) < TREND_MIN_FRAMES or self.longest is None:
-            return
+    def _budget(self, longest: float) -> tuple[int, str]:
         budget, where = config_int(self.config, BUDGET_CONFIG_NAMES, prefer="rollout")
         if budget is None:
-            budget = int(self.longest)
-            where = f"the run's longest response ({where}; set rollout/max_tokens in the config to be exact)"
-        first = _baseline(truncated.values)
-        base = statistics.fmean(first)
-        risen = [
-            (s, v) for (s, v), length in zip(truncated.points(len(first)), itertools.islice(self.lengths, len(first), None))
-            if v >= base + TRUNCATION_RISE and length >= budget
-        ]
-        if not risen:
+            return int(longest), f"the run's longest response ({where}; set rollout/max_tokens in the config to be exact)"
+        return budget, where
+
+    def see(self, frame: Frame) -> None:
+        value = self.value(frame)
+        if value is None or self.n < TREND_MIN_FRAMES or self.longest is None:
             return
+        if self.budget is None:
+            self.budget = self._budget(self.longest)
+        self.i += 1
+        if self.i <= self.quarter:
+            self.first.append(value)
+            if self.i == self.quarter:
+                self.base = statistics.fmean(self.first)
+            return
+        length = _number(frame.metrics.get(LEN_MAX))
+        if value >= self.base + TRUNCATION_RISE and length is not None and length >= self.budget[0]:
+            self.risen.append(frame.step)
+            self.peak = max(self.peak, value)
+
+    def hits(self) -> Iterator[_Hit]:
+        if not self.risen or self.budget is None:
+            return
+        budget, where = self.budget
         yield _Hit(
-            [s for s, _ in risen],
-            f"rollout_truncated_frac rose from {_fmt(base)} (first {BASELINE_FRACTION:.0%} of steps) to up "
-            f"to {_fmt(max(v for _, v in risen))} with response_len_max pinned at the budget {budget} (from "
-            f"{where}): responses are running into the token budget, and each cut completion is scored on an "
-            "unfinished answer",
+            self.risen,
+            f"rollout_truncated_frac rose from {_fmt(self.base)} (first {BASELINE_FRACTION:.0%} of steps) to up "
+            f"to {_fmt(self.peak)} with response_len_max pinned at the budget {budget} (from {where}): responses "
+            "are running into the token budget, and each cut completion is scored on an unfinished answer",
             "raise rollout.max_tokens, add a length penalty, or mask cut completions out of the loss "
             "(rl.mask_truncated_completions; train/valid_sequence_count then drops)",
             (TRUNCATED, LEN_MAX, VALID_SEQ),
         )
 
 
-class _LogprobGapRising(_Watch):
-    # The baseline is the median of the first quarter of the gap series: the series is kept, 16 bytes
-    # a frame that records a gap over a positive token count (or no count).
+class _LogprobGapRising(_Trend):
     def __init__(self, run: _Run) -> None:
-        self.gap = _Series()
+        super().__init__()
+        self.first = _Series()  # the baseline's points, until the baseline is known
+        self.floor = math.inf
+        self.base = 0.0
+        self.risen = array.array("q")
+        self.peak = -math.inf
+
+    def value(self, frame: Frame) -> float | None:
+        # a gap over no tokens (a count of 0) is no measurement; a gap without a count is one
+        value, count = _number(frame.metrics.get(GAP_MEAN)), _number(frame.metrics.get(GAP_COUNT))
+        return value if count is None or count > 0 else None
 
     def see(self, frame: Frame) -> None:
-        value = _number(frame.metrics.get(GAP_MEAN))
-        count = _number(frame.metrics.get(GAP_COUNT))
-        if value is not None and (count is None or count > 0):
-            self.gap.add(frame.step, value)
+        value = self.value(frame)
+        if value is None or self.n < TREND_MIN_FRAMES:
+            return
+        self.i += 1
+        if self.i < self.quarter:
+            self.first.add(frame.step, value)
+            return
+        if self.i == self.quarter:  # the baseline is known: judge its own points, then the rest as they come
+            self.first.add(frame.step, value)
+            self.base = statistics.median(self.first.values)
+            self.floor = max(GAP_RISE_FACTOR * self.base, self.base + GAP_RISE_MIN)
+            for step, v in self.first.points():
+                self._judge(step, v)
+            self.first = _Series()
+            return
+        self._judge(frame.step, value)
+
+    def _judge(self, step: int, value: float) -> None:
+        if value >= self.floor:
+            self.risen.append(step)
+            self.peak = max(self.peak, value)
 
     def hits(self) -> Iterator[_Hit]:
-        gap = self.gap
-        if len(gap) < TREND_MIN_FRAMES:
-            return
-        base = statistics.median(_baseline(gap.values))
-        floor = max(GAP_RISE_FACTOR * base, base + GAP_RISE_MIN)
-        risen = [(s, v) for s, v in gap.points() if v >= floor]
-        if not risen:
+        if not self.risen:
             return
         yield _Hit(
-            [s for s, _ in risen],
-            f"the train/infer logprob gap rose from {_fmt(base)} to {_fmt(max(v for _, v in risen))} nats: on "
-            "an MoE policy a rising gap is the routing-flip collapse signature (GSPO, Rollout Routing Replay); "
-            "on a dense model it should stay at kernel and precision noise",
+            self.risen,
+            f"the train/infer logprob gap rose from {_fmt(self.base)} to {_fmt(self.peak)} nats: on an MoE "
+            "policy a rising gap is the routing-flip collapse signature (GSPO, Rollout Routing Replay); on a "
+            "dense model it should stay at kernel and precision noise",
             "MoE: replay the rollout's routing (rl.routing_replay=rollout) or use sequence-level ratios "
             "(GSPO); do not use rollout logprobs as pi_old while the gap is large; dense: compare the "
             "engine's and the trainer's precision and kernels",
@@ -851,30 +905,34 @@ class _PpoCounters(_Watch):
             )
 
 
-class _DpoAccuracy(_Watch):
-    # The level is the mean of the last quarter of the series, whose length is known at the end: the
-    # series is kept, 16 bytes a frame that records the accuracy.
+class _DpoAccuracy(_Trend):
     def __init__(self, run: _Run) -> None:
-        self.accuracy = _Series()
+        super().__init__()
+        self.tail = _Series()  # the last quarter's points
+
+    def value(self, frame: Frame) -> float | None:
+        return _number(frame.metrics.get(DPO_ACCURACY))
 
     def see(self, frame: Frame) -> None:
-        value = _number(frame.metrics.get(DPO_ACCURACY))
-        if value is not None:
-            self.accuracy.add(frame.step, value)
+        value = self.value(frame)
+        if value is None or self.n < TREND_MIN_FRAMES:
+            return
+        self.i += 1
+        if self.i > self.n - self.quarter:
+            self.tail.add(frame.step, value)
 
     def hits(self) -> Iterator[_Hit]:
-        accuracy = self.accuracy
-        if len(accuracy) < TREND_MIN_FRAMES:
+        tail = self.tail
+        if not len(tail):
             return
-        start = len(accuracy) - max(1, math.ceil(len(accuracy) * BASELINE_FRACTION))
-        level = statistics.fmean(accuracy.values[start:])
+        level = statistics.fmean(tail.values)
         if level >= DPO_CHANCE + DPO_MIN_RISE:
             return
         below = level <= DPO_CHANCE - DPO_MIN_RISE
         yield _Hit(
-            accuracy.steps[start:],
-            f"train/dpo_accuracy averages {_fmt(level)} over the last {len(accuracy) - start} steps: it has "
-            f"not risen from chance ({DPO_CHANCE})"
+            tail.steps,
+            f"train/dpo_accuracy averages {_fmt(level)} over the last {len(tail)} steps: it has not risen "
+            f"from chance ({DPO_CHANCE})"
             + ("; below chance, the policy prefers the rejected samples" if below else ""),
             ("check that winner and loser are not swapped in the data; " if below else "")
             + "check the learning rate, beta and the reference model (dpo_reward_margin, dpo_err_*)",
@@ -1035,9 +1093,16 @@ CHECKS: tuple[Check, ...] = (
 def run_checks(journal: JournalLike) -> list[Finding]:
     """Every finding of every check in :data:`CHECKS`, errors first, then warnings, then info.
 
-    The frames are read once, in file order, each handed to every check that reads its phase."""
+    The frames are read in file order, each handed to every check that reads its phase; the train
+    frames are read once before, for the checks that count a series first (:class:`_Trend`)."""
     run = _Run(journal)
     watches = [check.watch(run) for check in CHECKS]
+    counting = [w for w in watches if w.counts]
+    if counting:
+        for frame in journal.frames:
+            if frame.phase == "train":
+                for watch in counting:
+                    watch.count(frame)
     every_phase = [w for w in watches if w.every_phase]
     for frame in journal.frames:
         for watch in watches if frame.phase == "train" else every_phase:
