@@ -30,7 +30,10 @@ trainer's VmRSS, the publisher process's VmRSS, the VmRSS of its child processes
 the slowest tracker's lag. After close every tracker is read back with its vendor's reader
 (TensorBoard ``EventAccumulator``, ``MlflowClient`` on the store, W&B's offline reader): each must
 hold every step exactly once. Flat: the peak over the second half of the samples (in time) is less
-than ``--tolerance-mb`` above the peak over the first half, for the trainer and for the publisher.
+than ``--tolerance-mb`` above the peak over the first half, for the trainer and for the publisher,
+over the loop and the drain; the samples from the publisher's report of state ``recording`` on (every
+replica has read the whole journal; the publisher writes the run's record, a fixed cost measured
+against the run's length by ``bench_record.py``, then closes the trackers) are reported apart.
 
     python benchmarks/bench_memory.py                    # 100k steps, 20k traced, overload (about 8 minutes)
     python benchmarks/bench_memory.py --quick            # 20k steps sampled every 2k, 4k traced, 1k overload
@@ -167,12 +170,15 @@ def overload(steps: int, rate: float, windows: list[list[dict[str, object]]], ro
     def sampler() -> None:
         while True:
             pid = pub.process.pid if pub.process is not None else None
-            sinks = pub._report().get("sinks", {})
+            report = pub._report()
+            sinks = report.get("sinks", {})
             lag = max((published[0] - int(sinks.get(n, {}).get("frames", 0)) for n in ("tensorboard", "wandb",
                        "mlflow")), default=0)
+            if phase[0] == "drain" and report.get("state") == "recording":
+                phase[0] = "record"  # every replica read the whole journal: the publisher writes the run's record
             samples.append({"t": time.perf_counter() - t0, "step": published[0], "trainer": status()["VmRSS"],
                             "publisher": rss_mb(pid), "children": children_rss_mb(pid), "lag": lag,
-                            "drain": float(phase[0] == "drain")})
+                            "drain": float(phase[0] != "loop"), "record": float(phase[0] == "record")})
             if done.wait(0.5):
                 return
 
@@ -225,7 +231,8 @@ def report_overload(res: dict[str, Any], tolerance: float) -> bool:
     print("|---:|---|---:|---:|---:|---:|---:|")
     shown = samples if len(samples) <= 24 else [samples[round(i * (len(samples) - 1) / 23)] for i in range(24)]
     for r in shown:
-        print(f"| {r['t']:.1f} | {'drain (close)' if r['drain'] else 'loop'} | {int(r['step']):,} | {int(r['lag']):,} | "
+        what = "record (close)" if r["record"] else "drain (close)" if r["drain"] else "loop"
+        print(f"| {r['t']:.1f} | {what} | {int(r['step']):,} | {int(r['lag']):,} | "
               f"{r['trainer']:.1f} | {r['publisher']:.1f} | {r['children']:.1f} |")
     loop_rows = [r for r in samples if not r["drain"]]
     peak_lag = max((r["lag"] for r in samples), default=0)
@@ -238,7 +245,7 @@ def report_overload(res: dict[str, Any], tolerance: float) -> bool:
     print("|---|---:|---:|---:|---:|")
     flat = True
     for label, key in (("trainer", "trainer"), ("publisher process", "publisher"), ("its children", "children")):
-        values = [r[key] for r in samples if not math.isnan(r[key])]
+        values = [r[key] for r in samples if not math.isnan(r[key]) and not r["record"]]
         if len(values) < 4:
             print(f"| {label} | - | - | - | too few samples |")
             continue
@@ -247,6 +254,11 @@ def report_overload(res: dict[str, Any], tolerance: float) -> bool:
         if key != "children":  # wandb-core is W&B's own process; reported, not judged
             flat = flat and growth < tolerance
         print(f"| {label} | {values[0]:.1f} | {values[-1]:.1f} | {max(values):.1f} | {growth:+.2f} |")
+    record = [r["publisher"] for r in samples if r["record"] and not math.isnan(r["publisher"])]
+    if record:
+        print(f"\nthe run's record at close (state 'recording' in the publisher's report; not in the halves above): the "
+              f"publisher peaked at {max(record):.1f} MB over {len(record)} samples; its cost against the run's "
+              "length is bench_record.py's")
     exact = all(res["exact"].values())
     dropped = {k: res["steps"] - v for k, v in res["held"].items() if v != res["steps"]}
     print(f"\nread back after close: {res['held']} of {res['steps']:,} steps; every step exactly once in every "

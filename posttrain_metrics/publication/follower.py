@@ -333,7 +333,9 @@ def follow(
     Between rounds it sleeps ``poll`` seconds, up to ``max_poll`` while nothing comes; ``catch_up`` is
     how long it may lag at ``SCHED_IDLE`` (see the module docstring); ``grace`` is how long a tracker
     that takes nothing is waited for once the run has ended. Progress and the trackers' run ids go to
-    :func:`status_path` when ``report``.
+    :func:`status_path` when ``report``, with the ``state``: ``running``, ``recording`` (every replica
+    read the journal to its end; the run's record is being written, then the trackers closed) and
+    ``closed``.
     """
     from .process import yield_cpu
 
@@ -421,6 +423,9 @@ def follow(
         nap(sleep)
         sleep = min(max_poll, sleep * 2)  # nothing new: wake less often
     if record:
+        state = "recording"  # every replica read the journal to its end: the run's record, then the close
+        if report:
+            write_status(where, snapshot())
         _attach_record(journal, replicas)
     for r in replicas:
         r.close(r.end or status)
