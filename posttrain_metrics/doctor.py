@@ -1,7 +1,7 @@
 """The doctor: a run's health read from its journal, the way the metrics reference says to read it.
 
-Each check is a small function over the run's frames, registered in :data:`CHECKS` with its id, its
-severity and the keys it reads. A check that fires yields a :class:`Finding`: the steps where it
+Each check watches the run's frames go by (a small class, see ``_Watch``), registered in :data:`CHECKS`
+with its id, its severity and the keys it reads. A check that fires yields a :class:`Finding`: the steps where it
 fires, a one-line explanation and the next thing to do. ``posttrain-metrics doctor`` prints them and
 exits non-zero when an error-level check fired, so a CI pipeline can gate on it.
 
@@ -263,7 +263,7 @@ class Finding:
 
 @dataclasses.dataclass(frozen=True)
 class _Hit:
-    """What a check function yields; :func:`run_checks` adds the check's id and default severity."""
+    """What a check yields; :func:`run_checks` adds the check's id and default severity."""
 
     steps: Iterable[int]
     explanation: str
@@ -489,10 +489,11 @@ class _InformativeGroups(_Watch):
 
 class _KlSpike(_Watch):
     # A spike (kl_max against the same frame's kl_mean) confirmed by a jump of the same frame's
-    # grad_norm against the median of the norms recorded before it.
+    # grad_norm against the median of the norms recorded before it. Spikes are kept unconfirmed only
+    # while no grad_norm has come (a run that records none gets them as an info finding).
     def __init__(self, run: _Run) -> None:
-        self.spikes: dict[int, float] = {}  # step -> kl_max / kl_mean
-        self.jumps: dict[int, float] = {}  # step -> grad_norm / baseline, at the steps that spiked
+        self.unconfirmed: dict[int, float] = {}  # step -> kl_max / kl_mean, before any grad_norm
+        self.confirmed: dict[int, tuple[float, float]] = {}  # step -> (that ratio, grad_norm / baseline)
         self.recent: collections.deque[float] = collections.deque(maxlen=GRAD_BASELINE_WINDOW)
         self.grad = False
 
@@ -501,7 +502,9 @@ class _KlSpike(_Watch):
         grad = _number(metrics.get(GRAD_NORM))
         jump = None
         if grad is not None:
-            self.grad = True
+            if not self.grad:
+                self.grad = True
+                self.unconfirmed.clear()  # a run that records grad_norm reports confirmed spikes only
             # zero norms are zero-gradient skips, not a scale: they stay out of the baseline
             history = [v for v in self.recent if v > 0]
             if len(history) >= GRAD_BASELINE_MIN:
@@ -513,20 +516,18 @@ class _KlSpike(_Watch):
         if kl_max is None or kl_mean is None or kl_mean <= 0.0:
             return
         if kl_max >= KL_MAX_MIN and kl_max >= KL_RATIO_MIN * kl_mean:
-            self.spikes[frame.step] = kl_max / kl_mean
-            if jump is not None:
-                self.jumps[frame.step] = jump
+            if not self.grad:
+                self.unconfirmed[frame.step] = kl_max / kl_mean
+            elif jump is not None:
+                self.confirmed[frame.step] = (kl_max / kl_mean, jump)
             else:
-                self.jumps.pop(frame.step, None)
+                self.confirmed.pop(frame.step, None)  # the step's last frame decides
 
     def hits(self) -> Iterator[_Hit]:
-        spikes, jumps = self.spikes, self.jumps
-        if not spikes:
-            return
         keys = (KL_MAX, KL_MEAN, GRAD_NORM)
-        if not self.grad:
+        if self.unconfirmed:
             yield _Hit(
-                sorted(spikes),
+                sorted(self.unconfirmed),
                 f"kl_max is {KL_RATIO_MIN:.0f}x kl_mean or more, but train/grad_norm is not recorded, so "
                 "the one-token-owns-the-step signature cannot be confirmed",
                 "record grad_norm (max_grad_norm > 0) to tell a harmless outlier token from one that owns "
@@ -534,19 +535,17 @@ class _KlSpike(_Watch):
                 keys,
                 Severity.INFO,
             )
-            return
-        steps = sorted(jumps)
-        if not steps:
-            return
-        worst = max(steps, key=spikes.__getitem__)
-        yield _Hit(
-            steps,
-            f"kl_max orders of magnitude above kl_mean (up to {spikes[worst]:.3g}x at step {worst}) together "
-            f"with a grad_norm jump ({jumps[worst]:.3g}x its recent median): one token owns the step",
-            "bound the per-token KL gradient with rl.kl_coeff_clamp (the reported kl_* stay the exact k3), "
-            "and look at which token carries the max penalty",
-            keys,
-        )
+        if self.confirmed:
+            worst = max(self.confirmed, key=lambda step: self.confirmed[step][0])
+            spike, jump = self.confirmed[worst]
+            yield _Hit(
+                sorted(self.confirmed),
+                f"kl_max orders of magnitude above kl_mean (up to {spike:.3g}x at step {worst}) together "
+                f"with a grad_norm jump ({jump:.3g}x its recent median): one token owns the step",
+                "bound the per-token KL gradient with rl.kl_coeff_clamp (the reported kl_* stay the exact k3), "
+                "and look at which token carries the max penalty",
+                keys,
+            )
 
 
 class _Trend(_Watch):
@@ -610,6 +609,7 @@ class _LengthBudget(_Trend):
             self.first.append(value)
             if self.i == self.quarter:
                 self.base = statistics.fmean(self.first)
+                self.first = array.array("d")
             return
         length = _number(frame.metrics.get(LEN_MAX))
         if value >= self.base + TRUNCATION_RISE and length is not None and length >= self.budget[0]:
@@ -685,26 +685,37 @@ class _LogprobGapRising(_Trend):
 
 class _LogprobGapNoData(_Watch):
     # A step with no loss tokens (every group tied and masked out) has nothing to compare: its
-    # count is 0 without saying anything about the producer, so it is not counted either way.
+    # count is 0 without saying anything about the producer, so it is not counted either way. The
+    # first pass counts; the steps are kept only when some, not all, are empty (the finding names them).
+    counts = True
+
     def __init__(self, run: _Run) -> None:
-        self.counted = 0
+        self.counted = self.empties = 0
         self.empty = array.array("q")
 
-    def see(self, frame: Frame) -> None:
+    def _empty(self, frame: Frame) -> bool | None:
+        """Whether the frame's gap count is 0; None when the frame does not count."""
         count = _number(frame.metrics.get(GAP_COUNT))
         tokens = _number(frame.metrics.get(VALID_TOKENS))
         if count is None or (tokens is not None and tokens <= 0):
-            return
-        self.counted += 1
-        if count == 0:
+            return None
+        return count == 0
+
+    def count(self, frame: Frame) -> None:
+        empty = self._empty(frame)
+        if empty is not None:
+            self.counted += 1
+            self.empties += empty
+
+    def see(self, frame: Frame) -> None:
+        if 0 < self.empties < self.counted and self._empty(frame):
             self.empty.append(frame.step)
 
     def hits(self) -> Iterator[_Hit]:
-        empty = self.empty
-        if not empty:
+        if not self.empties:
             return
         keys = (GAP_COUNT, GAP_MEAN)
-        if len(empty) == self.counted:
+        if self.empties == self.counted:
             yield _Hit(
                 (),
                 "logprob_gap_token_count is 0 at every step: the rollout records no logprobs, so the "
@@ -715,8 +726,8 @@ class _LogprobGapNoData(_Watch):
             )
             return
         yield _Hit(
-            empty,
-            f"logprob_gap_token_count is 0 at {len(empty)} of {self.counted} steps: the gap there is 0.0 "
+            self.empty,
+            f"logprob_gap_token_count is 0 at {self.empties} of {self.counted} steps: the gap there is 0.0 "
             "for lack of data, not for lack of a gap, and the producer records logprobs only sometimes",
             "find which rollout produced those batches; read the gap only where the count is positive",
             keys,

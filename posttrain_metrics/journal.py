@@ -313,11 +313,11 @@ class FramesOnDisk:
     time. The file is read as it was when the journal was opened, so every pass gives the same frames
     (a live run's later lines are not read); a file changed under it since is a :class:`MetricsError`."""
 
-    def __init__(self, path: Path, size: int, count: int) -> None:
-        self.path, self.size, self.count = path, size, count
+    def __init__(self, path: Path, size: int, count: int, identity: tuple[int, int]) -> None:
+        self.path, self.size, self.count, self.identity = path, size, count, identity
 
     def __iter__(self) -> Iterator[Frame]:
-        return _frames(self.path, _Pass(), size=self.size, warn=False)
+        return _frames(self.path, _Pass(), size=self.size, identity=self.identity, warn=False)
 
     def __len__(self) -> int:
         return self.count
@@ -339,12 +339,18 @@ class JournalOnDisk(_Header):
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def _lines(path: Path, size: int | None = None) -> Iterator[tuple[int, str | UnicodeDecodeError, bool]]:
+def _lines(path: Path, size: int | None = None,
+           identity: tuple[int, int] | None = None) -> Iterator[tuple[int, str | UnicodeDecodeError, bool]]:
     """``(number, text, last)`` per non-blank line of the file's first ``size`` bytes (by default,
     what is written when it is opened: a live run's later lines wait); ``last``: no newline after it
     (possibly torn). A line that is not UTF-8 comes as its decoding error, for the reader to name the
-    line."""
+    line. With ``identity`` (the file's device and inode when it was first read), a file replaced at
+    the path since, or shorter than ``size``, is a :class:`MetricsError`: a later pass must read what
+    the first one read."""
     with open(path, "rb") as f:  # line by line: a long run's journal is never held twice over
+        if identity is not None and _identity(os.fstat(f.fileno())) != identity:
+            raise MetricsError(f"{path}: the journal was replaced since it was opened (another run started "
+                               "there?); open it again")
         if size is None:
             size = os.fstat(f.fileno()).st_size
         read = 0
@@ -353,6 +359,8 @@ def _lines(path: Path, size: int | None = None) -> Iterator[tuple[int, str | Uni
                 raw = raw[: size - read]  # the part of a line being written that was there at the start
             read += len(raw)
             last = not raw.endswith(b"\n")
+            if last and read < size:
+                break  # the file ends short of what it held: not a torn line of its own
             if raw.strip():
                 try:
                     line: str | UnicodeDecodeError = (raw if last else raw[:-1]).decode("utf-8")
@@ -364,6 +372,10 @@ def _lines(path: Path, size: int | None = None) -> Iterator[tuple[int, str | Uni
     if read < size:
         raise MetricsError(f"{path}: the file is shorter than when it was opened ({read} of {size} bytes): it "
                            "was truncated or replaced while being read")
+
+
+def _identity(stat: os.stat_result) -> tuple[int, int]:
+    return stat.st_dev, stat.st_ino
 
 
 def _encoding_problem(exc: UnicodeDecodeError) -> str:
@@ -511,11 +523,13 @@ def open_journal(path: str | os.PathLike[str]) -> JournalOnDisk:
     from the file at each iteration of ``frames`` (the run's record at close reads a long run this
     way, in memory that does not grow with the run)."""
     p = _existing(path)
-    size = p.stat().st_size
+    stat = p.stat()
+    identity = _identity(stat)
     found = _Pass()
-    spans = _phase_spans(_frames(p, found, size=size))
+    spans = _phase_spans(_frames(p, found, size=stat.st_size, identity=identity, stacklevel=5))
     count = sum(span.frames for span in spans.values())
-    return JournalOnDisk(p, found.header(p), FramesOnDisk(p, size, count), found.end, found.notes, spans)
+    return JournalOnDisk(p, found.header(p), FramesOnDisk(p, stat.st_size, count, identity), found.end, found.notes,
+                         spans)
 
 
 @dataclasses.dataclass
@@ -532,9 +546,11 @@ class _Pass:
         return self.first
 
 
-def _frames(p: Path, found: _Pass, *, size: int | None = None, warn: bool = True) -> Iterator[Frame]:
-    """The frames of the journal at ``p`` in file order, checked; its header, end record and notes
-    (a skipped torn line) go to ``found`` (warned about too, with ``warn``)."""
+def _frames(p: Path, found: _Pass, *, size: int | None = None, identity: tuple[int, int] | None = None,
+            warn: bool = True, stacklevel: int = 4) -> Iterator[Frame]:
+    """The frames of the journal at ``p`` (see :func:`_lines`) in file order, checked; its header, end
+    record and notes (a skipped torn line) go to ``found`` (warned about too, with ``warn``, at the
+    caller ``stacklevel`` frames up from the warning)."""
     header: dict[str, Any] | None = None
     damaged: tuple[int, str] | None = None
     keys: dict[str, KeyInfo] = {}
@@ -543,9 +559,9 @@ def _frames(p: Path, found: _Pass, *, size: int | None = None, warn: bool = True
     def note(text: str) -> None:
         found.notes.append(text)
         if warn:
-            warnings.warn(text, stacklevel=4)  # the caller of read_journal / open_journal
+            warnings.warn(text, stacklevel=stacklevel)  # the caller of read_journal / open_journal
 
-    for number, line, unterminated in _lines(p, size):
+    for number, line, unterminated in _lines(p, size, identity):
         try:
             if isinstance(line, UnicodeDecodeError):
                 raise ValueError(_encoding_problem(line))

@@ -107,7 +107,8 @@ visible, and the curve runs to the last step), so a run of 100k steps draws a pa
 points per curve (a panel is 700 pixels wide) and takes bounded memory. The buckets split the run's
 steps ``lo``-``hi`` (its lowest and highest step) evenly: a step is in bucket
 ``(step - lo) * BUCKETS // (hi - lo + 1)``. A label key of more than ``4 * BUCKETS`` points keeps the
-first point of each label in each bucket (a strip marker per bucket where the label occurs)."""
+first point of each label in each bucket (a strip marker per bucket where the label occurs); so do
+a key's non-finite points (their red marks)."""
 
 FEW_STEPS = 60
 """A label strip of a run of at most this many distinct steps draws squares; of more, thin ticks."""
@@ -184,6 +185,7 @@ class _Data:
         strips: dict[str, _Strip] = {}
         read: dict[str, tuple[array.array[int], array.array[float]]] = {}  # the keys read whole
         read_labels: dict[str, list[tuple[int, str]]] = {}
+        nonfinite: dict[str, _Strip] = {}
         for frame in frames:
             step, metrics = frame.step, frame.metrics
             for key, value in metrics.items():
@@ -196,7 +198,9 @@ class _Data:
                             strips[key] = _Strip(lo, hi)
                         strips[key].add(step, value)  # type: ignore[arg-type]
                 elif t is float and value - value != 0.0:  # type: ignore[operator]
-                    self.nonfinite.setdefault(key, []).append(step)
+                    if key not in nonfinite:
+                        nonfinite[key] = _Strip(lo, hi)
+                    nonfinite[key].add(step, "")  # a marker per point, or per bucket in a long run
                 elif key in whole:
                     if key not in read:
                         read[key] = array.array("q"), array.array("d")
@@ -208,6 +212,7 @@ class _Data:
                         series = points[key] = _Points(lo, hi)
                     other = _finite(metrics.get(partner[key])) if key in partner else math.nan
                     series.add(step, float(value), other)
+        self.nonfinite = {key: [step for step, _ in marks.finish()] for key, marks in nonfinite.items()}
         for key, labelled in read_labels.items():
             strips[key] = _Strip(lo, hi)
             for step, label in sorted(dict(labelled).items()):  # the last label of each step
@@ -331,8 +336,9 @@ class _Points:
 
 
 class _Strip:
-    """The points of one label key, fed in increasing step order: every point while there are at most
-    ``4 * BUCKETS``, then the first point of each label in each bucket (see :data:`BUCKETS`)."""
+    """The points of one label key (or a key's non-finite points, under one label), fed in increasing
+    step order: every point while there are at most ``4 * BUCKETS``, then the first point of each label
+    in each bucket (see :data:`BUCKETS`)."""
 
     def __init__(self, lo: int, hi: int) -> None:
         self.lo, self.span = lo, hi - lo + 1

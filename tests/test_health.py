@@ -444,8 +444,9 @@ class LongRun:
     checks read, the three trend keys (truncation, logprob gap, DPO accuracy) among them, and a logprob
     gap that rises tenfold over the last ``rise`` steps. Counts the passes made over it."""
 
-    def __init__(self, steps: int, rise: int = 5) -> None:
+    def __init__(self, steps: int, rise: int = 5, spikes_without_logprobs: bool = False) -> None:
         self.steps, self.rise, self.passes = steps, rise, 0
+        self.spikes_without_logprobs = spikes_without_logprobs  # every step: a KL spike, no jump; a gap count of 0
 
     def __len__(self) -> int:
         return self.steps
@@ -454,13 +455,15 @@ class LongRun:
         self.passes += 1
         for step in range(1, self.steps + 1):
             gap = 0.05 if step > self.steps - self.rise else 0.005 + (step % 7) * 1e-4
+            odd = self.spikes_without_logprobs
             yield Frame(step, {
                 "train/clip_frac": 0.1, "train/ratio_absdev": 0.02, "train/grpo_group_count": 8,
                 "train/grpo_informative_group_count": 6, "train/grpo_all_zero_group_count": 1,
                 "train/grpo_all_one_group_count": 1, "optim/zero_grad_skips_total": 0,
-                "train/kl_mean": 0.01, "train/kl_max": 0.5, "train/grad_norm": 1.0 + (step % 5) * 0.1,
+                "train/kl_mean": 1e-3 if odd else 0.01, "train/kl_max": 2.0 if odd else 0.5,
+                "train/grad_norm": 1.0 + (step % 5) * 0.1,
                 "train/loss_avg": 0.1, "train/rollout_truncated_frac": 0.0, "train/response_len_max": 12,
-                "train/logprob_gap_mean": gap, "train/logprob_gap_token_count": 100,
+                "train/logprob_gap_mean": 0.0 if odd else gap, "train/logprob_gap_token_count": 0 if odd else 100,
                 "train/valid_token_count": 100, "optim/update_outcome": "applied",
                 "optim/nonfinite_skips_total": 0, "optim/nonfinite_skips_consecutive": 0,
                 "train/dpo_accuracy": 0.8, "train/sc_rho_max": 1.5, "train/sc_token_count": 10,
@@ -482,10 +485,10 @@ class LongJournal:
         self.phases = {}
 
 
-def doctor_peak(steps: int) -> tuple[int, list[Finding], int]:
+def doctor_peak(steps: int, **kw: bool) -> tuple[int, list[Finding], int]:
     import tracemalloc
 
-    run = LongRun(steps)
+    run = LongRun(steps, **kw)
     journal = LongJournal(run)
     tracemalloc.start()
     try:
@@ -512,3 +515,14 @@ def test_the_doctor_reads_a_long_run_in_two_passes_and_memory_that_grows_only_wi
             ("logprob_gap_rising", tuple(range(steps - 4, steps + 1)))
         ]
         assert "rose from 0.0053 to 0.05 nats" in findings[0].explanation  # median of 0.005 + k*1e-4, k=0..6
+
+
+def test_the_doctor_keeps_no_step_a_finding_will_not_name():
+    # A KL spike at every step that no grad_norm jump confirms, and a rollout without logprobs (a count
+    # of 0 at every step): neither finding names steps, so neither check may keep them (it would cost
+    # 8-100 bytes a step); what grows is the truncation's and DPO accuracy's quarters (24 bytes a point: 6 a step).
+    short_peak, short, _ = doctor_peak(20_000, spikes_without_logprobs=True)
+    long_peak, long, _ = doctor_peak(80_000, spikes_without_logprobs=True)
+    assert long_peak - short_peak <= 60_000 * 6 * 1.25 + 300_000, (short_peak, long_peak)
+    for findings in (short, long):
+        assert [(f.check, f.severity, f.steps) for f in findings] == [("logprob_gap_no_data", Severity.INFO, ())]

@@ -251,13 +251,13 @@ class GeneratedFrames:
     At steps ``first``, ``first + stride``, ... (``steps`` of them): ``keys - 3`` numeric keys
     ``train/k00``, ``train/k01``, ..., each with a spike (over 1000) and a dip (under -1000) every few
     thousand steps at steps of its own, the reward band ``train/reward_mean`` and ``train/reward_std``
-    (spiking too) and a label key. ``rewrite`` maps a step to metrics written again right after it
+    (spiking too) and a label key; ``train/k00`` is NaN at every ``nan_every``-th step. ``rewrite`` maps a step to metrics written again right after it
     (a resumed run replaying it); ``spikes`` maps a step to values written instead of the generated."""
 
     def __init__(self, steps: int, *, keys: int = 20, first: int = 1, stride: int = 1,
                  rewrite: dict[int, dict[str, Any]] | None = None,
-                 spikes: dict[int, dict[str, Any]] | None = None) -> None:
-        self.steps, self.first, self.stride = steps, first, stride
+                 spikes: dict[int, dict[str, Any]] | None = None, nan_every: int = 0) -> None:
+        self.steps, self.first, self.stride, self.nan_every = steps, first, stride, nan_every
         self.names = [f"train/k{i:02d}" for i in range(keys - 3)] + ["train/reward_mean", "train/reward_std"]
         self.rewrite = rewrite or {}
         self.spikes: dict[int, dict[str, Any]] = {}
@@ -285,6 +285,8 @@ class GeneratedFrames:
         out: dict[str, Any] = dict(zip(self.names, NOISE[at : at + len(self.names)]))
         if step in self.spikes:
             out.update(self.spikes[step])
+        if self.nan_every and step % self.nan_every == 0:
+            out["train/k00"] = math.nan
         out["optim/update_outcome"] = "skipped" if step % 997 == 0 else "applied"
         return out
 
@@ -325,6 +327,22 @@ def test_the_dashboards_data_takes_memory_bounded_whatever_the_runs_length():
     assert long - short < 1_000_000, (short, long)
     assert long < 12_000_000, long
 
+
+
+@pytest.mark.parametrize("steps", [2_000, 12_000])
+def test_a_long_runs_nonfinite_points_are_marked_once_per_bucket(steps):
+    # A key NaN at every other step: each NaN is marked in a short run; in a long one, the first of
+    # each bucket (computed here by hand from the documented formula), not one mark per step.
+    data = _Data(RunLike(GeneratedFrames(steps, keys=6, nan_every=2)))
+    nan_steps = list(range(2, steps + 1, 2))
+    if len(nan_steps) <= 4 * BUCKETS:
+        assert data.nonfinite["train/k00"] == nan_steps
+        return
+    firsts: dict[int, int] = {}
+    for step in nan_steps:
+        firsts.setdefault((step - 1) * BUCKETS // steps, step)  # lo = 1, hi = steps
+    assert len(firsts) == BUCKETS
+    assert data.nonfinite["train/k00"] == sorted(firsts.values())
 
 def test_the_dashboard_reads_frames_it_cannot_index(tmp_path):
     run = RunLike(GeneratedFrames(6000, keys=8, first=11, stride=2))

@@ -106,8 +106,9 @@ def test_open_journal_reads_the_file_as_it_was_when_opened_and_the_same_at_every
     frame_line = lines[1]
     with path.open("a") as f:  # a torn last line: warned about once, at open
         f.write(frame_line[:20])
-    with pytest.warns(UserWarning, match="skipped a torn last line"):
+    with pytest.warns(UserWarning, match="skipped a torn last line") as caught:
         journal = open_journal(path)
+    assert caught[0].filename == __file__  # the warning names the caller, not the reader
     assert len(journal.frames) == 5 and journal.end is not None and journal.end["status"] == "finished"
     assert journal.phases["train"].frames == 5
     assert (journal.phases["train"].first_step, journal.phases["train"].last_step) == (1, 5)
@@ -122,8 +123,19 @@ def test_open_journal_reads_the_file_as_it_was_when_opened_and_the_same_at_every
     assert [p[0] for p in passes[0]] == [p[0] for p in passes[1]] == [1, 2, 3, 4, 5]
     assert all(math.isnan(p[2][2]) for p in passes)  # NaN read back as NaN
 
-    path.write_text("\n".join(lines[:3]) + "\n")  # replaced by a shorter file: not silently fewer frames
-    with pytest.raises(MetricsError, match="shorter than when it was opened"):
+    full = path.read_bytes()
+    for cut in (len("\n".join(lines[:3])) + 1, len("\n".join(lines[:3])) - 7):  # at a line's end, inside one
+        with path.open("r+b") as f:
+            f.truncate(cut)  # shortened in place: not silently fewer frames
+        with pytest.raises(MetricsError, match="shorter than when it was opened"):
+            list(journal.frames)
+        path.write_bytes(full)
+    assert len(list(journal.frames)) == 5
+
+    other = tmp_path / "other.jsonl"
+    other.write_bytes(full)
+    other.replace(path)  # another file at the path (a new run's journal), even with the same bytes
+    with pytest.raises(MetricsError, match="replaced since it was opened"):
         list(journal.frames)
 
 

@@ -621,7 +621,6 @@ def test_a_tracker_that_takes_nothing_after_the_run_ends_is_given_up_with_a_warn
     assert sink.closed is not None  # closed, with what it has
 
 
-
 def test_the_publishers_report_says_recording_while_it_writes_the_runs_record(tmp_path: Path) -> None:
     """Between reading the journal to its end and closing the trackers, the publisher writes the run's
     record; its report says so (``recording``), so that a watcher can tell the record from the drain."""
@@ -643,6 +642,7 @@ def test_the_publishers_report_says_recording_while_it_writes_the_runs_record(tm
     assert sink.report["sinks"]["memory"]["frames"] == 6  # every frame read before the record
     assert {"doctor.txt", "doctor.json", "config.json", "journal.jsonl"} <= set(sink.files)
     assert final["state"] == "closed" and json.loads(status_path(journal).read_text())["state"] == "closed"
+
 
 class SlowWriter(MemorySink):
     """A tracker that is always ready but takes 10 ms a frame: a publisher reading full batches of it
