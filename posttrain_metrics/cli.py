@@ -138,7 +138,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_publish(args: argparse.Namespace) -> int:
     from .integrations.factory import build_sink
-    from .publication.follower import follow
+    from .publication.follower import TRIM_EVERY, follow
     from .publication.process import sinks_path
 
     journal = Path(args.journal)
@@ -173,7 +173,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
             warnings.simplefilter("ignore")
         else:
             _forward_our_warnings()
-        result = follow(journal, sinks, follow=args.follow, parent_pid=args.parent_pid)
+        result = follow(journal, sinks, follow=args.follow, parent_pid=args.parent_pid, trim_heap=TRIM_EVERY)
     if not args.quiet:
         done = ", ".join(f"{name} {info['written']} sent, {info['already_held']} already there"
                          for name, info in result["sinks"].items())

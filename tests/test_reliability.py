@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import http.server
+import itertools
 import json
 import math
 import os
@@ -643,6 +644,36 @@ def test_the_publishers_report_says_recording_while_it_writes_the_runs_record(tm
     assert {"doctor.txt", "doctor.json", "config.json", "journal.jsonl"} <= set(sink.files)
     assert final["state"] == "closed" and json.loads(status_path(journal).read_text())["state"] == "closed"
 
+
+
+def test_the_heap_trimmer_here_is_glibcs_malloc_trim() -> None:
+    from posttrain_metrics.publication.follower import heap_trimmer
+
+    trim = heap_trimmer()
+    assert trim is not None, "this Linux runs on glibc: malloc_trim must be found"
+    assert trim(0) in (0, 1)  # 1: pages were given back, 0: there were none to give
+
+
+@pytest.mark.parametrize("trim_heap", [None, 0.2])
+def test_a_publisher_process_trims_its_heap_at_most_every_interval_the_in_process_mode_never(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, trim_heap: float | None) -> None:
+    """The tracker takes 5 frames every 0.1 s: the drain lasts 0.8 s or more, time for several trims at
+    0.2 s apart, and never two closer than that; without ``trim_heap`` (the in-process mode) none."""
+    from posttrain_metrics.publication import follower
+
+    calls: list[float] = []
+    monkeypatch.setattr(follower, "heap_trimmer", lambda: lambda pad: calls.append(time.monotonic()) or 1)
+    closed_journal(tmp_path / "journal.jsonl", 40)
+    sink = SlowTracker(pause=0.1)
+    final = follower.follow(tmp_path / "journal.jsonl", [sink], batch=5, grace=5.0, poll=0.01, report=False,
+                            adapters=GRPO_ADAPTERS, trim_heap=trim_heap)
+    assert [f.step for f in sink.frames] == list(range(1, 41)) and final["status"] == "finished"
+    if trim_heap is None:
+        assert calls == []
+        return
+    assert len(calls) >= 2, calls
+    gaps = [b - a for a, b in itertools.pairwise(calls)]
+    assert min(gaps) >= trim_heap - 1e-3, gaps
 
 class SlowWriter(MemorySink):
     """A tracker that is always ready but takes 10 ms a frame: a publisher reading full batches of it
