@@ -10,9 +10,9 @@ import os
 import sys
 import traceback
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from . import __version__
 from .core.catalog import adapter_names, get_adapter
@@ -84,27 +84,26 @@ def cmd_keys(args: argparse.Namespace) -> int:
 def load_journal(path: str) -> Journal:
     """Read a journal for a subcommand: torn-line notes go to stderr, and every adapter it names
     must be known here (``--import`` a module that registers your own)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        journal = read_journal(path)
-    _notes_and_adapters(journal)
-    return journal
+    return _checked(read_journal, path)
 
 
 def scan_journal(path: str) -> JournalOnDisk:
     """:func:`load_journal` for a subcommand that reads the frames pass by pass (``open_journal``:
     memory flat in the run's length)."""
+    return _checked(open_journal, path)
+
+
+_J = TypeVar("_J", Journal, JournalOnDisk)
+
+
+def _checked(read: Callable[[str], _J], path: str) -> _J:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        journal = open_journal(path)
-    _notes_and_adapters(journal)
-    return journal
-
-
-def _notes_and_adapters(journal: Journal | JournalOnDisk) -> None:
+        journal = read(path)
     for note in journal.warnings:
         print(f"posttrain-metrics: warning: {note}", file=sys.stderr)
     header_adapters(journal.header)  # MetricsError names an unknown adapter (or a bad user key) and the fix
+    return journal
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:

@@ -551,7 +551,6 @@ def _frames(p: Path, found: _Pass, *, size: int | None = None, identity: tuple[i
     """The frames of the journal at ``p`` (see :func:`_lines`) in file order, checked; its header, end
     record and notes (a skipped torn line) go to ``found`` (warned about too, with ``warn``, at the
     caller ``stacklevel`` frames up from the warning)."""
-    header: dict[str, Any] | None = None
     damaged: tuple[int, str] | None = None
     keys: dict[str, KeyInfo] = {}
     labelled: dict[str, tuple[str, ...]] = {}
@@ -575,17 +574,17 @@ def _frames(p: Path, found: _Pass, *, size: int | None = None, identity: tuple[i
             if unterminated:
                 note(f"{p}:{number}: skipped a torn last line (the writer stopped mid-line)")
                 continue
-            if damaged is not None or header is None:
+            if damaged is not None or found.first is None:
                 raise MetricsError(f"{p}:{number}: not a journal line ({exc}); the file is damaged") from None
             damaged = (number, str(exc))  # a crash's torn line, if a resumed run's header follows it
             continue
         kind = record.get("kind")
         if damaged is not None:
-            if kind != "header" or header is None:
+            if kind != "header" or found.first is None:
                 raise MetricsError(f"{p}:{damaged[0]}: not a journal line ({damaged[1]}); the file is damaged")
             note(f"{p}:{damaged[0]}: skipped a line torn by a crash; the run resumed after it")
             damaged = None
-        if header is None:
+        if found.first is None:
             if kind != "header" or record.get("format") != FORMAT:
                 raise MetricsError(f"{p}: the first line is not a {FORMAT} header; is this a journal?")
             version = record.get("version")
@@ -595,7 +594,7 @@ def _frames(p: Path, found: _Pass, *, size: int | None = None, identity: tuple[i
                     f"reads version {VERSION}; fix: upgrade posttrain-metrics"
                 )
             _check_header(p, record)
-            header = found.first = record
+            found.first = record
             keys = _catalogue(record)
             labelled = {key: info.metric.labels for key, info in keys.items() if info.metric.labels}
         elif kind == "frame":
