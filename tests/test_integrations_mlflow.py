@@ -652,3 +652,98 @@ def test_an_explicit_sqlite_store_keeps_its_artifacts_next_to_its_database(
     assert artifact_uri.startswith((store / "mlartifacts").as_uri()), artifact_uri
     assert list(store.joinpath("mlartifacts").rglob("note.txt"))
     assert not (elsewhere / "mlruns").exists() and not list(elsewhere.iterdir())
+
+
+# ------------------------------------------------- the embedded store's direct writes (_SqlitePoints)
+
+# Batches of (key, value, timestamp ms, step) as a sink sends them, chosen for MLflow's rules: a NaN,
+# an infinity, a key twice in one batch, a resent point (stored once), a step older than the latest,
+# a later step with an older timestamp, a point equal in step and timestamp but greater in value
+# (replaces the latest), a key first seen in a later batch.
+ORACLE_BATCHES: list[list[tuple[str, float, int, int]]] = [
+    [("a", 1.0, 1000, 1), ("b", 10.0, 1000, 1), ("a", 2.0, 2000, 2), ("nan", float("nan"), 1000, 1)],
+    [("a", 2.0, 2000, 2), ("a", -1.0, 500, 0), ("b", 11.0, 900, 3), ("inf", float("inf"), 1000, 1)],
+    [("b", 12.0, 900, 3), ("c", 5.0, 3000, 4), ("nan", 3.0, 1000, 2), ("a", 0.5, 2000, 2), ("c", 6.0, 3000, 4)],
+]
+
+
+def test_direct_sqlite_writes_store_what_log_batch_stores(tmp_path: Path) -> None:
+    """The oracle is MLflow itself: the same batches through MlflowClient.log_batch into a second run
+    must read back the same, point for point (history) and key for key (the runs table's latest)."""
+    from mlflow.entities import Metric
+
+    from posttrain_metrics.integrations.mlflow import _SqlitePoints
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.create_experiment("oracle")
+    direct, oracle = (client.create_run(experiment).info.run_id for _ in range(2))
+    writer = _SqlitePoints.find(client)
+    assert writer is not None, "the installed MLflow's SQLite store is not written directly: the fast path is off"
+    for batch in ORACLE_BATCHES:
+        writer.write(direct, batch)
+        client.log_batch(oracle, metrics=[Metric(k, v, t, s) for k, v, t, s in batch])
+
+    def points(run_id: str, key: str) -> list[tuple[int, int, float | str]]:
+        return sorted((m.step, m.timestamp, "nan" if math.isnan(m.value) else m.value)
+                      for m in client.get_metric_history(run_id, key))
+
+    for key in ("a", "b", "c", "nan", "inf"):
+        assert points(direct, key) == points(oracle, key), key
+    latest_direct, latest_oracle = client.get_run(direct).data.metrics, client.get_run(oracle).data.metrics
+    assert set(latest_direct) == set(latest_oracle) == {"a", "b", "c", "nan", "inf"}
+    for key, value in latest_oracle.items():
+        assert latest_direct[key] == value or (math.isnan(value) and math.isnan(latest_direct[key])), key
+    # and by hand: the resent (a, 2.0, 2000, 2) is stored once; the latest of a is (2, 2000, 2.0),
+    # greater than (2, 2000, 0.5) in value; b's latest is step 3's greatest value; nan's is step 2's 3.0
+    assert points(direct, "a") == [(0, 500, -1.0), (1, 1000, 1.0), (2, 2000, 0.5), (2, 2000, 2.0)]
+    assert (latest_direct["a"], latest_direct["b"], latest_direct["nan"]) == (2.0, 12.0, 3.0)
+    assert latest_direct["c"] == 6.0  # one batch, same step and timestamp: the greater value
+    assert points(direct, "inf") == [(1, 1000, 1.7976931348623157e308)]  # as MLflow stores +inf
+
+
+def test_the_embedded_store_is_written_directly_and_a_server_is_not(backend: Backend) -> None:
+    sink = backend.make()
+    sink.start(run_info())
+    try:
+        assert (sink._direct is not None) == (backend.kind == "sqlite")
+    finally:
+        sink.close()
+
+
+def test_a_store_of_another_shape_goes_through_log_batch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Tables whose columns differ from what the direct writer writes (another MLflow version): the
+    sink falls back to MLflow's own log_batch, and every point still lands."""
+    from posttrain_metrics.integrations.mlflow import _SqlitePoints
+
+    monkeypatch.setattr(_SqlitePoints, "COLUMNS", _SqlitePoints.COLUMNS | {"model_id"})
+    sink = MlflowSink(dir=tmp_path, experiment="shape")
+    sink.start(run_info())
+    assert sink._direct is None
+    for step in (1, 2, 3):
+        sink.write(Frame(step, {"train/loss_avg": step / 10}, "train", 1_700_000_000.0 + step))
+    sink.close()
+    assert history(MlflowClient(sink.tracking_uri), sink.run_id, "train/loss_avg") == [(1, 0.1), (2, 0.2), (3, 0.3)]
+
+
+def test_a_deleted_run_is_rejected_not_retried(tmp_path: Path) -> None:
+    """A run deleted by hand mid-training: the direct write is refused with MLflow's own error (400),
+    counted in rejected and warned about, as log_batch's refusal is; nothing is retried forever."""
+    sink = MlflowSink(dir=tmp_path, experiment="deleted", drain_timeout=10)
+    sink.start(run_info())
+    assert sink._direct is not None
+    sink.write(Frame(1, {"train/loss_avg": 0.1}, "train", 1_700_000_001.0))
+    sink.end_batch()
+    client = MlflowClient(sink.tracking_uri)
+    deadline = time.monotonic() + 30
+    while not client.get_metric_history(sink.run_id, "train/loss_avg") and time.monotonic() < deadline:
+        time.sleep(0.05)
+        sink.end_batch()
+    client.delete_run(sink.run_id)
+    sink.write(Frame(2, {"train/loss_avg": 0.2}, "train", 1_700_000_002.0))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with contextlib.suppress(Exception):  # setting the status of a deleted run may fail too
+            sink.close()
+    assert sink.rejected == 1 and sink.unconfirmed == 0
+    assert any("rejected the batch of steps 2" in str(w.message) and "active" in str(w.message) for w in caught)
+    assert [m.step for m in client.get_metric_history(sink.run_id, "train/loss_avg")] == [1]

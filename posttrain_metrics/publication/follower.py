@@ -14,8 +14,10 @@ the trackers with status ``killed``. It is what the publisher process runs
 (``posttrain-metrics publish``); the in-process mode runs it on a thread.
 
 It wakes rarely, so that the trainer keeps the cores: after a round that caught up it sleeps
-``poll`` seconds and publishes what accumulated meanwhile as one batch per sink; with nothing new
-the sleep doubles up to ``max_poll``; only a backlog (a full batch read) is read again at once.
+``poll`` seconds (0.5) and publishes what accumulated meanwhile as one batch per sink (at 100 steps/s,
+one TensorBoard flush and one MLflow transaction per 50 frames: a transaction's commit is most of
+its cost); only a backlog (a full batch read) is read again at once. The trackers are at most about
+half a second behind the journal.
 Started by a trainer (``parent_pid``), the process runs at ``SCHED_IDLE`` on Linux (it gets a core
 only when nothing else wants it; elsewhere it stays at the nice 10 the CLI set). On a machine busy
 with other work that starves it, it goes back to normal policy (nice 10) once it has not caught up
@@ -335,7 +337,7 @@ def follow(
     follow: bool = True,
     parent_pid: int | None = None,
     stop: threading.Event | None = None,
-    poll: float = 0.1,
+    poll: float = 0.5,
     max_poll: float = 0.5,
     catch_up: float = 30.0,
     batch: int = 512,
