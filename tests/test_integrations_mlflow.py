@@ -725,9 +725,12 @@ def test_a_store_of_another_shape_goes_through_log_batch(monkeypatch: pytest.Mon
     assert history(MlflowClient(sink.tracking_uri), sink.run_id, "train/loss_avg") == [(1, 0.1), (2, 0.2), (3, 0.3)]
 
 
-def test_a_deleted_run_is_rejected_not_retried(tmp_path: Path) -> None:
-    """A run deleted by hand mid-training: the direct write is refused with MLflow's own error (400),
-    counted in rejected and warned about, as log_batch's refusal is; nothing is retried forever."""
+@pytest.mark.parametrize("gone", ["deleted", "removed"])
+def test_a_deleted_or_removed_run_is_rejected_not_retried(tmp_path: Path, gone: str) -> None:
+    """A run deleted by hand mid-training (400, "must be in the 'active' state"), or removed for good as
+    `mlflow gc` removes it (404, "not found"): the direct write is refused with MLflow's own error, as
+    log_batch refuses it, counted in rejected and warned about; nothing is retried, and the sink is
+    not left degraded."""
     sink = MlflowSink(dir=tmp_path, experiment="deleted", drain_timeout=10)
     sink.start(run_info())
     assert sink._direct is not None
@@ -739,11 +742,76 @@ def test_a_deleted_run_is_rejected_not_retried(tmp_path: Path) -> None:
         time.sleep(0.05)
         sink.end_batch()
     client.delete_run(sink.run_id)
+    if gone == "removed":
+        client._tracking_client.store._hard_delete_run(sink.run_id)  # what `mlflow gc` does
     sink.write(Frame(2, {"train/loss_avg": 0.2}, "train", 1_700_000_002.0))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with contextlib.suppress(Exception):  # setting the status of a deleted run may fail too
             sink.close()
-    assert sink.rejected == 1 and sink.unconfirmed == 0
-    assert any("rejected the batch of steps 2" in str(w.message) and "active" in str(w.message) for w in caught)
-    assert [m.step for m in client.get_metric_history(sink.run_id, "train/loss_avg")] == [1]
+    assert sink.rejected == 1 and sink.unconfirmed == 0 and not sink.degraded
+    said = "active" if gone == "deleted" else "not found"
+    assert any("rejected the batch of steps 2" in str(w.message) and said in str(w.message) for w in caught), \
+        [str(w.message) for w in caught]
+    if gone == "deleted":
+        assert [m.step for m in client.get_metric_history(sink.run_id, "train/loss_avg")] == [1]
+
+
+def test_a_store_locked_by_another_writer_is_waited_for(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Another process holding SQLite's write lock for 7 s (an `mlflow ui` writing, the trainer's own
+    client): the direct write waits, as log_batch waits (MLflow's session sets a 20 s busy timeout on
+    every connection it uses; SQLite's own default is 5 s), and lands. NullPool: a fresh connection per
+    write, never one that an earlier MLflow session already configured."""
+    import sqlite3
+
+    from posttrain_metrics.integrations.mlflow import _SqlitePoints
+
+    monkeypatch.setenv("MLFLOW_SQLALCHEMYSTORE_POOLCLASS", "NullPool")
+    path = tmp_path / "mlflow.db"
+    client = MlflowClient(f"sqlite:///{path}")
+    run_id = client.create_run(client.create_experiment("locked")).info.run_id
+    writer = _SqlitePoints.find(client)
+    assert writer is not None
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)  # released by a timer
+    holder.execute("BEGIN IMMEDIATE")  # the write lock, held
+    release = threading.Timer(7.0, lambda: holder.execute("COMMIT"))
+    release.start()
+    started = time.monotonic()
+    try:
+        writer.write(run_id, [("train/loss_avg", 0.5, 1000, 1)])
+    finally:
+        release.join()
+        holder.close()
+    assert time.monotonic() - started >= 6.5  # it waited for the lock (no error after SQLite's 5 s)
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "train/loss_avg")] == [(1, 0.5)]
+
+
+def test_an_active_logged_model_gets_its_metrics(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """With an active logged model (MLFLOW_ACTIVE_MODEL_ID, which a publisher process inherits, or
+    mlflow.set_active_model in the thread), log_batch also files every point under that model, which
+    MLflow's model page shows: the sink then goes through log_batch."""
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.create_experiment("model")
+    model = client.create_logged_model(experiment_id=experiment)
+    monkeypatch.setenv("MLFLOW_ACTIVE_MODEL_ID", model.model_id)
+    sink = MlflowSink(dir=tmp_path, experiment_name="model")
+    failed: list[BaseException] = []
+
+    def publish_in_a_new_thread() -> None:  # MLflow reads the variable once per thread, at first use
+        try:
+            sink.start(run_info())
+            assert sink._direct is None
+            for step in (1, 2):
+                sink.write(Frame(step, {"train/loss_avg": step / 10}, "train", 1_700_000_000.0 + step))
+            sink.close()
+        except BaseException as exc:  # re-raised in the test's thread
+            failed.append(exc)
+
+    thread = threading.Thread(target=publish_in_a_new_thread)
+    thread.start()
+    thread.join()
+    if failed:
+        raise failed[0]
+    points = sorted((m.step, m.value) for m in client.get_logged_model(model.model_id).metrics or []
+                    if m.key == "train/loss_avg")
+    assert points == [(1, 0.1), (2, 0.2)]

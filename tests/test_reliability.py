@@ -646,6 +646,30 @@ def test_the_publishers_report_says_recording_while_it_writes_the_runs_record(tm
 
 
 
+def test_a_sleeping_publisher_wakes_when_the_trainer_closes_the_run(tmp_path: Path) -> None:
+    """The trainer waits in close() for the publisher: a publisher asleep between rounds (here for
+    10 minutes, poll=600) notices the end record within a CLOSE_CHECK, and the run closes; without
+    that it would sleep on (join would give up after 60 s)."""
+    from posttrain_metrics.publication.follower import follow
+
+    journal = tmp_path / "journal.jsonl"
+    closed_journal(journal, 5)
+    lines = journal.read_text().splitlines(keepends=True)
+    journal.write_text("".join(lines[:-1]))  # the run goes on: no end record yet
+    sink = MemorySink()
+    done: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: done.update(follow(
+        journal, [sink], parent_pid=os.getppid(), poll=600, max_poll=600, report=False, record=False,
+        adapters=GRPO_ADAPTERS)), daemon=True)
+    thread.start()
+    wait_for("the publisher to take the 5 frames, then sleep", lambda: len(sink.frames) == 5, 60)
+    with journal.open("a") as f:
+        f.write(lines[-1])  # the trainer closes the run
+    thread.join(60)
+    assert not thread.is_alive(), "the publisher slept through the end of the run"
+    assert done["status"] == "finished" and [f.step for f in sink.frames] == [1, 2, 3, 4, 5]
+
+
 def test_the_heap_trimmer_here_is_glibcs_malloc_trim() -> None:
     from posttrain_metrics.publication.follower import heap_trimmer
 

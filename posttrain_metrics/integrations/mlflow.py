@@ -53,18 +53,12 @@ segments are removed or replaced, an over-long name is cut and given a short has
 Reliability and retries
 -----------------------
 ``write`` turns a frame into one batch and hands it to MLflow's own asynchronous batch logging
-(``MlflowClient.log_batch(..., synchronous=False)``); the caller never waits on the network. Fed
+(``MlflowClient.log_batch(..., synchronous=False)``), or for a SQLite store to the sink's writer
+thread (below); the caller never waits on the network or the disk. Fed
 by the publisher (the default: a process of its own that tails the journal), ``write`` only queues
 and the publisher's ``end_batch`` sends what accumulated, merged into requests up to MLflow's batch
 limits (``MAX_METRICS_PER_BATCH``): one request of 1000 points costs about as much as four of 40.
 
-A ``sqlite:///`` store (the embedded default, or a SQLite file you name) is written more cheaply:
-its metric points go straight into MLflow's tables, on a writer thread of the sink, one transaction
-per request of up to :data:`DIRECT_POINTS` points (:class:`_SqlitePoints`: what ``log_batch``
-stores, checked against it by the tests). ``log_batch`` builds an ORM object per point, about 10 ms
-of CPU per 61-key frame, which on a 2-core machine is most of the core the trainer does not use; the
-direct write costs about 1 ms. Params and tags still go through ``log_batch``, on the same thread.
-Where the store's tables are not the shape it writes (another MLflow version), ``log_batch`` is used.
 At most ``max_pending`` requests are in flight. When a request fails (server down, timeout) the sink
 warns once and is *degraded*: it holds frames, sends one request at a time as a probe, and when a
 probe lands resends everything held. Nothing is dropped: once ``backlog`` frames are held,
@@ -73,7 +67,19 @@ again (the journal is the queue; a sink written directly holds every frame). Res
 identifies a point by (key, step, timestamp, value) and ignores a duplicate, and the timestamp is
 the frame's wall time, so a request that reached the server before its reply was lost, or a replay
 of the journal by ``posttrain-metrics export``, stores nothing twice. A request MLflow rejects as
-invalid (HTTP 400/404) is not retried; it is warned about and counted in ``rejected``.
+invalid (HTTP 400/404: a run deleted or removed meanwhile) is not retried; it is warned about and
+counted in ``rejected``.
+
+A ``sqlite:///`` store (the embedded default, or a SQLite file you name) is written more cheaply:
+its metric points go straight into MLflow's tables, on a writer thread of the sink, one transaction
+per request of up to :data:`DIRECT_POINTS` points (:class:`_SqlitePoints`: what ``log_batch``
+stores, checked against it by the tests). ``log_batch`` builds an ORM object per point, about 10 ms
+of CPU per 61-key frame, which on a 2-core machine is most of the core the trainer does not use; the
+direct write costs about 1 ms. Params and tags still go through ``log_batch``, on the same thread.
+Where MLflow's tables are not the shape it writes (another MLflow version), or a logged model is
+active (``log_batch`` files the points under it too), ``log_batch`` is used. Its failures are
+MLflow's own errors, handled as above: a run deleted or removed meanwhile is rejected; a database
+locked by another writer is waited for 20 s (MLflow's busy timeout), then retried.
 
 ``close`` drains: it waits up to ``drain_timeout`` seconds for every request to be confirmed (or
 less, when the server is down and a probe sent during ``close`` fails too), warns about frames that
@@ -256,21 +262,24 @@ class _SqlitePoints:
     process about 10 ms of CPU per 61-key frame (76-104 frames/s), which on 2 cores is a core the
     trainer loses; this costs about 1 ms (``benchmarks/bench_export.py``).
 
-    It writes what ``SqlAlchemyStore.log_batch`` writes, with MLflow's own pieces: the store's engine,
-    the installed MLflow's table definitions (``SqlMetric``, ``SqlLatestMetric``, ``SqlRun``) and its
-    ``sanitize_metric_value``. A point already held (same key, step, timestamp, value) is skipped, as
-    MLflow skips it; the run's latest value of a key is replaced by a point with a greater (step,
-    timestamp, value), as MLflow replaces it; a run that is not active is refused with MLflow's own
-    error (``INVALID_PARAMETER_VALUE``, so the sink counts it as rejected). Used only when the store
-    is a ``SqlAlchemyStore`` on SQLite whose tables have exactly the columns written here
-    (:meth:`find`); anything else goes through ``log_batch``. The tests check it against
-    ``log_batch`` itself, point by point and latest value by latest value.
+    It writes what ``SqlAlchemyStore.log_batch`` writes, with MLflow's own pieces: the store's
+    session (its SQLite settings and its error mapping), the installed MLflow's table definitions
+    (``SqlMetric``, ``SqlLatestMetric``, ``SqlRun``: MLflow's schema check at start makes the database
+    match them) and its ``sanitize_metric_value``. A point already held (same key, step, timestamp,
+    value) is skipped, as MLflow skips it; the run's latest value of a key is replaced by a point with
+    a greater (step, timestamp, value), as MLflow replaces it; a run that is gone or deleted is refused
+    with MLflow's own errors (404 and 400: the sink counts it as rejected, and does not retry); a locked
+    database is MLflow's 503 (retried). Used only for a ``SqlAlchemyStore`` on SQLite whose table
+    definitions have exactly the columns written here, and no active logged model (``log_batch``
+    files points under it too: :meth:`find`); anything else goes through ``log_batch``. The tests
+    check it against ``log_batch`` itself, point by point and latest value by latest value.
     """
 
     COLUMNS = frozenset({"key", "value", "timestamp", "step", "is_nan", "run_uuid"})
 
-    def __init__(self, store: Any, metrics: Any, latest: Any, runs: Any, error: Any) -> None:
-        self.store, self.metrics, self.latest, self.runs, self.error = store, metrics, latest, runs, error
+    def __init__(self, store: Any, metrics: Any, latest: Any, runs: Any, error: Any, codes: Any) -> None:
+        self.store, self.metrics, self.latest, self.runs = store, metrics, latest, runs
+        self.error, self.codes = error, codes  # MlflowException, MLflow's error codes
 
     @classmethod
     def find(cls, client: Any) -> _SqlitePoints | None:
@@ -278,12 +287,21 @@ class _SqlitePoints:
         shape this writes (then ``log_batch`` is used)."""
         store = getattr(getattr(client, "_tracking_client", None), "store", None)
         try:
+            import mlflow
             from mlflow.exceptions import MlflowException
+            from mlflow.protos import databricks_pb2 as codes
             from mlflow.store.tracking.dbmodels.models import SqlLatestMetric, SqlMetric, SqlRun
             from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
         except ImportError:
             return None
         if not isinstance(store, SqlAlchemyStore) or getattr(store, "engine", None) is None:
+            return None
+        if not callable(getattr(store, "ManagedSessionMaker", None)):
+            return None
+        # log_batch also files the points under an active logged model (set in this thread, or for
+        # every thread by the environment): it does that, not this
+        active = getattr(mlflow, "get_active_model_id", lambda: None)()
+        if active or os.environ.get("MLFLOW_ACTIVE_MODEL_ID") or os.environ.get("_MLFLOW_ACTIVE_MODEL_ID"):
             return None
         if store.engine.dialect.name != "sqlite" or not callable(getattr(store, "sanitize_metric_value", None)):
             return None
@@ -294,7 +312,7 @@ class _SqlitePoints:
             return None
         if not {"run_uuid", "lifecycle_stage"} <= {c.name for c in runs.columns}:
             return None
-        return cls(store, metrics, latest, runs, MlflowException)
+        return cls(store, metrics, latest, runs, MlflowException, codes)
 
     def write(self, run_id: str, points: list[tuple[str, float, int, int]]) -> None:
         """Log ``points`` (key, value, timestamp ms, step) to the run, in one transaction."""
@@ -314,28 +332,36 @@ class _SqlitePoints:
         if not rows:
             return
         latest, runs = self.latest, self.runs
-        with self.store.engine.begin() as conn:
+        # MLflow's own session: its SQLite settings (foreign keys on, a 20 s busy timeout) on whichever
+        # pooled connection it gets, and its error mapping (a locked or unreachable database is a 503,
+        # retried; any other database error a 400, rejected), as for log_batch.
+        with self.store.ManagedSessionMaker(read_only=False) as session:
+            # Read outside the write transaction (SQLite begins it at the first insert): a run that is
+            # gone or deleted is refused as log_batch refuses it.
+            stage = session.execute(sa.select(runs.c.lifecycle_stage).where(runs.c.run_uuid == run_id)).scalar()
+            if stage is None:
+                raise self.error(f"Run with id={run_id} not found", self.codes.RESOURCE_DOES_NOT_EXIST)
+            if stage != "active":
+                raise self.error(f"The run {run_id} must be in the 'active' state. Current state is {stage}.",
+                                 self.codes.INVALID_PARAMETER_VALUE)
             # The insert first: it takes SQLite's write lock, so nothing changes the latest values
             # between the read below and their update.
-            conn.execute(self.metrics.insert().prefix_with("OR IGNORE"), rows)
-            stage = conn.execute(sa.select(runs.c.lifecycle_stage).where(runs.c.run_uuid == run_id)).scalar()
-            if stage != "active":
-                from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
-
-                raise self.error(f"The run {run_id} must be in the 'active' state. Current state is {stage}.",
-                                 INVALID_PARAMETER_VALUE)
-            held = {r.key: (r.step, r.timestamp, r.value) for r in conn.execute(
-                sa.select(latest.c.key, latest.c.step, latest.c.timestamp, latest.c.value)
-                .where(latest.c.run_uuid == run_id, latest.c.key.in_(list(newest))))}
+            session.execute(self.metrics.insert().prefix_with("OR IGNORE"), rows)
+            keys = list(newest)
+            held: dict[str, tuple[int, int, float]] = {}
+            for i in range(0, len(keys), 500):  # SQLite builds before 3.32 bind at most 999 values
+                held.update((r.key, (r.step, r.timestamp, r.value)) for r in session.execute(
+                    sa.select(latest.c.key, latest.c.step, latest.c.timestamp, latest.c.value)
+                    .where(latest.c.run_uuid == run_id, latest.c.key.in_(keys[i : i + 500]))))
             added = [row for key, row in newest.items() if key not in held]
             # (bound names differ from the columns': SQLAlchemy reserves those for the SET clause)
             changed = [{"k": key, "run": run_id, "v": row["value"], "t": row["timestamp"], "s": row["step"],
                         "n": row["is_nan"]} for key, row in newest.items()
                        if key in held and (row["step"], row["timestamp"], row["value"]) > held[key]]
             if added:
-                conn.execute(latest.insert(), added)
+                session.execute(latest.insert(), added)
             if changed:
-                conn.execute(
+                session.execute(
                     latest.update()
                     .where(latest.c.run_uuid == sa.bindparam("run"), latest.c.key == sa.bindparam("k"))
                     .values(value=sa.bindparam("v"), timestamp=sa.bindparam("t"), step=sa.bindparam("s"),

@@ -17,7 +17,8 @@ It wakes rarely, so that the trainer keeps the cores: after a round that caught 
 ``poll`` seconds (0.5) and publishes what accumulated meanwhile as one batch per sink (at 100 steps/s,
 one TensorBoard flush and one MLflow transaction per 50 frames: a transaction's commit is most of
 its cost); only a backlog (a full batch read) is read again at once. The trackers are at most about
-half a second behind the journal.
+half a second behind the journal. While it sleeps it reads the journal's last line ten times a second,
+so that a trainer that closes the run does not wait out the sleep.
 Started by a trainer (``parent_pid``), the process runs at ``SCHED_IDLE`` on Linux (it gets a core
 only when nothing else wants it; elsewhere it stays at the nice 10 the CLI set). On a machine busy
 with other work that starves it, it goes back to normal policy (nice 10) once it has not caught up
@@ -313,6 +314,9 @@ def _parent_gone(parent_pid: int | None) -> bool:
     return parent_pid is not None and os.getppid() != parent_pid
 
 
+CLOSE_CHECK = 0.1
+"""How often a sleeping follower looks for the run's end record (the trainer waits for it in ``close()``)."""
+
 TRIM_EVERY = 5.0
 """Seconds between two trims of the publisher process's C heap (see the module docstring)."""
 
@@ -394,6 +398,15 @@ def follow(
         else:
             time.sleep(seconds)
 
+    def nap_until_closed(seconds: float) -> None:
+        """``nap``, cut short when the trainer closes the run (it waits for us in ``close()``): the
+        journal's last line is read every :data:`CLOSE_CHECK` seconds, a 512-byte read."""
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0 and not (stop is not None and stop.is_set()):
+            nap(min(left, CLOSE_CHECK))
+            if journal_closed(journal):
+                return
+
     gone_since: float | None = None
     reported_runs = 0
     sleep = poll
@@ -431,7 +444,7 @@ def follow(
         if moved:
             sleep = poll  # caught up: let the next frames accumulate into one batch
             if not (done or closed):
-                nap(poll)
+                nap_until_closed(poll)
                 continue
         live = [r for r in replicas if not r.closed]  # a replica that broke is closed already
         ends = {r.end for r in live}
@@ -453,8 +466,8 @@ def follow(
                 break
             nap(min(poll, 0.05))  # the trainer may be waiting in close()
             continue
-        nap(sleep)
-        sleep = min(max_poll, sleep * 2)  # nothing new: wake less often
+        nap_until_closed(sleep)
+        sleep = min(max_poll, sleep * 2)  # nothing new: wake less often (with a poll below max_poll)
     if record:
         state = "recording"  # every replica read the journal to its end: the run's record, then the close
         if report:
