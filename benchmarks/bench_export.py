@@ -54,7 +54,7 @@ from posttrain_metrics import Frame
 from posttrain_metrics.export import export
 from posttrain_metrics.integrations.base import RunInfo
 from posttrain_metrics.integrations.mlflow import RUN_ID_TAG
-from posttrain_metrics.journal import Journal, JournalSink, read_journal
+from posttrain_metrics.journal import Journal, JournalOnDisk, JournalSink, open_journal, read_journal
 from posttrain_metrics.publication.publisher import Publisher
 
 PROBE_KEY = "train/loss_avg"
@@ -122,7 +122,7 @@ def mlflow_steps(uri: str, run_id: str) -> int:
     return len({m.step for r in runs for m in client.get_metric_history(r.info.run_id, PROBE_KEY)})
 
 
-def timed_export(journal: Journal, to: str, target: str) -> tuple[float, list[str], str]:
+def timed_export(journal: Journal | JournalOnDisk, to: str, target: str) -> tuple[float, list[str], str]:
     """Seconds to export, the warnings raised, and what export printed."""
     printed = io.StringIO()
     with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(printed):
@@ -294,6 +294,13 @@ def main() -> int:
                 figures[name] = {"frames": count, "seconds": seconds, "held": held, "warnings": caught, "said": said}
         finally:
             stop_server(proc)
+        # what `posttrain-metrics export JOURNAL --to tensorboard` runs: open_journal checks the file,
+        # export replays it pass by pass (memory flat in the run's length, the file read twice)
+        t0 = time.perf_counter()
+        opened = open_journal(root / "journal.jsonl")
+        _, _, said = timed_export(opened, "tensorboard", str(root / "tb-end-to-end"))
+        end_to_end = time.perf_counter() - t0
+        assert f"exported {n} of {n}" in said, said
         bytes_per_frame, crc_us = crc_cost(root / "tensorboard" / "tb", n)
         rates = [n / figures["tensorboard"]["seconds"]]
         floors = [floor_rate(journal)]
@@ -351,9 +358,10 @@ def main() -> int:
 
     tb = figures["tensorboard"]
     rate = tb["frames"] / tb["seconds"]
-    print(f"\n`posttrain-metrics export JOURNAL --to tensorboard` end to end (it reads the journal, checking every "
-          f"line, then exports): read {read:.1f} s + export {tb['seconds']:.1f} s = {n / (read + tb['seconds']):,.0f} "
-          "frames/s")
+    print(f"\n`posttrain-metrics export JOURNAL --to tensorboard` end to end (open_journal checks every line, then "
+          f"export replays the file a batch at a time), into a fresh directory: {end_to_end:.1f} s = "
+          f"{n / end_to_end:,.0f} frames/s (a journal read whole, then exported: read {read:.1f} s + export "
+          f"{tb['seconds']:.1f} s = {n / (read + tb['seconds']):,.0f} frames/s)")
     print(f"\n- target >= 20,000 frames/s into TensorBoard: {'met' if rate >= 20_000 else 'MISSED'} "
           f"({rate:,.0f} frames/s)")
     incomplete = {name: f"{fig['held']} of {fig['frames']}" for name, fig in figures.items()

@@ -10,9 +10,9 @@ import os
 import sys
 import traceback
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from . import __version__
 from .core.catalog import adapter_names, get_adapter
@@ -20,7 +20,7 @@ from .core.errors import MetricsError
 from .core.printable import printable
 from .core.redact import redact_text
 from .core.reduction import Reduction
-from .journal import Journal, JournalOnDisk, header_adapters, open_journal, read_journal
+from .journal import JournalOnDisk, header_adapters, open_journal
 
 __all__ = ["main"]
 
@@ -81,25 +81,13 @@ def cmd_keys(args: argparse.Namespace) -> int:
     return 0
 
 
-def load_journal(path: str) -> Journal:
-    """Read a journal for a subcommand: torn-line notes go to stderr, and every adapter it names
-    must be known here (``--import`` a module that registers your own)."""
-    return _checked(read_journal, path)
-
-
 def scan_journal(path: str) -> JournalOnDisk:
-    """:func:`load_journal` for a subcommand that reads the frames pass by pass (``open_journal``:
-    memory flat in the run's length)."""
-    return _checked(open_journal, path)
-
-
-_J = TypeVar("_J", Journal, JournalOnDisk)
-
-
-def _checked(read: Callable[[str], _J], path: str) -> _J:
+    """Open a journal for a subcommand, to be read pass by pass (``open_journal``: memory flat in the
+    run's length): torn-line notes go to stderr, and every adapter it names must be known here
+    (``--import`` a module that registers your own)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        journal = read(path)
+        journal = open_journal(path)
     for note in journal.warnings:
         print(f"posttrain-metrics: warning: {note}", file=sys.stderr)
     header_adapters(journal.header)  # MetricsError names an unknown adapter (or a bad user key) and the fix
@@ -131,7 +119,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     kind, *rest = args.to
     if kind not in ("tensorboard", "mlflow", "wandb") or len(rest) > 1:
         raise MetricsError(f"--to {' '.join(args.to)}; fix: --to tensorboard [DIR] | mlflow [URI] | wandb [DIR]")
-    return int(export(load_journal(args.journal), kind, rest[0] if rest else None, quiet=args.quiet,
+    return int(export(scan_journal(args.journal), kind, rest[0] if rest else None, quiet=args.quiet,
                       project=args.project, entity=args.entity))
 
 

@@ -7,26 +7,34 @@ sends only the frames it does not hold yet: TensorBoard's event files in the log
 tagged with the journal's run id (the run a live sink created, or a previous export), the offline W&B
 runs with the journal's run id. A point counts once per occurrence of its step, so a journal whose
 steps repeat (a resumed run) is exported faithfully too.
+
+A journal opened with :func:`~posttrain_metrics.journal.open_journal` (what the command does) is read
+once to check it and once to export it, a batch of frames at a time: the export's memory does not
+grow with the run's length.
 """
 
 from __future__ import annotations
 
+import itertools
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import TypeVar, Union
 
 from .core.errors import MetricsError
 from .core.redact import redact_text
 from .integrations.base import Sink
 from .integrations.mlflow import mlflow_run
-from .journal import Journal, Record
+from .journal import Journal, JournalOnDisk, Record
 from .publication.follower import Replica
 
 __all__ = ["export"]
 
 _T = TypeVar("_T")
+AnyJournal = Union[Journal, JournalOnDisk]
+"""A journal read whole (:func:`~posttrain_metrics.journal.read_journal`) or opened to be read pass by
+pass (:func:`~posttrain_metrics.journal.open_journal`)."""
 
 
 # -- the command ------------------------------------------------------------------------------------
@@ -77,7 +85,7 @@ def _ask(where: str, question: Callable[[], _T]) -> _T:
 
 
 
-def _recorded(journal: Journal, tracker: str, setting: str, old_key: str) -> str | None:
+def _recorded(journal: AnyJournal, tracker: str, setting: str, old_key: str) -> str | None:
     """A tracker setting the live run used: the journal header's ``trackers`` (recorded when the run
     started), else, for an older journal, the flat config key ``old_key``."""
     settings = journal.trackers.get(tracker)
@@ -87,7 +95,7 @@ def _recorded(journal: Journal, tracker: str, setting: str, old_key: str) -> str
     return str(value) if value not in (None, "", "None") else None
 
 
-def _target(journal: Journal, to: str, target: str | None, *, project: str | None = None,
+def _target(journal: AnyJournal, to: str, target: str | None, *, project: str | None = None,
             entity: str | None = None) -> tuple[Sink, str]:
     home = journal.path.parent
     if to == "tensorboard":
@@ -121,7 +129,7 @@ def _target(journal: Journal, to: str, target: str | None, *, project: str | Non
     raise MetricsError(f"export --to {to!r}; fix: use tensorboard, mlflow or wandb")
 
 
-def export(journal: Journal, to: str, target: str | None = None, *, quiet: bool = False, batch: int = 512,
+def export(journal: AnyJournal, to: str, target: str | None = None, *, quiet: bool = False, batch: int = 512,
            project: str | None = None, entity: str | None = None) -> int:
     """Replay ``journal`` into ``to`` (``tensorboard``, ``mlflow`` or ``wandb``); 0 on success.
 
@@ -139,26 +147,22 @@ def export(journal: Journal, to: str, target: str | None = None, *, quiet: bool 
     replica = Replica(journal.path, sink, lazy=True)  # the sink starts at the first frame it lacks
     _ask(where, lambda: replica.feed([Record("header", header=journal.header)]))  # reads the target back
     total = len(journal.frames)
-    pending = replica.pending
-    if pending is not None:
-        todo = sum(1 for f in journal.frames if pending(f))
-        pending.seen.clear()  # counted again as the frames go
-    else:
-        todo = sum(1 for f in journal.frames if f.metrics)
-    if todo == 0:
-        print(f"nothing to export: all {total} frames of run {journal.run_id} are already in {where}")
-        return 0
     progress = _Progress(total, f"export -> {to}", quiet=quiet)
     status = str(journal.end.get("status", "finished")) if journal.end is not None else "killed"
+    frames = iter(journal.frames)  # one pass, a batch at a time (read from the file when opened)
     try:
-        for i in range(0, total, batch):
-            chunk = journal.frames[i : i + batch]
+        while chunk := list(itertools.islice(frames, batch)):
             replica.feed(Record("frame", frame=f) for f in chunk)
             replica.flush()
             progress.tick(len(chunk))
     finally:
-        replica.close(status if status in ("finished", "failed", "killed") else "finished")
+        started = replica.publisher is not None and replica.publisher.run is not None
+        if started:  # a target that lacked nothing is left as it is
+            replica.close(status if status in ("finished", "failed", "killed") else "finished")
         progress.done()
+    if replica.written == 0:
+        print(f"nothing to export: all {total} frames of run {journal.run_id} are already in {where}")
+        return 0
     pub = replica.publisher
     failures = pub.failures if pub is not None else {}
     lost = {name: n for name in ("unconfirmed", "rejected") if (n := getattr(sink, name, 0))}

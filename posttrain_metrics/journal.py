@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import mmap
 import os
 import re
 import warnings
@@ -714,16 +713,28 @@ class JournalTail:
                                "the file is damaged") from None
 
 
-def last_header(path: Path) -> dict[str, Any] | None:
-    """The last header line of the journal (a resumed run appends one), found from the end."""
+def last_header(path: Path, block: int = 1 << 20) -> dict[str, Any] | None:
+    """The last header line of the journal (a resumed run appends one), found from the end a block at
+    a time: a long run's journal is neither read whole nor mapped (a mapping's pages count in the
+    process's resident set while it scans)."""
+    marker = b'{"format":"' + FORMAT.encode() + b'"'
     try:
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            at = data.rfind(b'{"format":"' + FORMAT.encode() + b'"')
-            if at < 0:
+        with open(path, "rb") as f:
+            end = f.seek(0, os.SEEK_END)
+            tail = b""  # the first bytes after this block, for a marker across the boundary
+            while end > 0:
+                start = max(0, end - block)
+                f.seek(start)
+                data = f.read(end - start) + tail[: len(marker) - 1]
+                at = data.rfind(marker)
+                if at >= 0:
+                    f.seek(start + at)
+                    line = f.readline()
+                    break
+                tail, end = data[: len(marker) - 1], start
+            else:
                 return None
-            end = data.find(b"\n", at)
-            line = data[at : end if end >= 0 else len(data)]
-    except (OSError, ValueError):  # ValueError: an empty file cannot be mapped
+    except OSError:
         return None
     try:
         record = json.loads(line)

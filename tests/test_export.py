@@ -368,3 +368,56 @@ def mlflow_series_of(uri: str, run_id: str) -> tuple[dict[str, list[tuple[int, f
     series = {key: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
               for key in run.data.metrics}
     return series, dict(run.data.tags), run.info.status
+
+
+def long_journal(path: Path, steps: int) -> Path:
+    pub = Publisher([JournalSink(path)], adapters=GRPO_ADAPTERS, run_id=f"long{steps}", background=False)
+    pub.start({})
+    base = dict(grpo_run(steps=1)[0].metrics)
+    for step in range(1, steps + 1):
+        pub.publish(Frame(step, {**base, "train/loss_avg": step / 1000}))
+    pub.close()
+    return path
+
+
+def test_export_reads_the_journal_a_batch_at_a_time_whatever_its_length(tmp_path: Path, capsys) -> None:
+    """`export` reads the journal pass by pass (open_journal): 9,000 more steps must not cost the ~4.5 KB
+    a step that holding the frames costs (40 MB here); a few batches of 512 frames in flight are all."""
+    import tracemalloc
+
+    export(long_journal(tmp_path / "warm" / "journal.jsonl", 50), "tensorboard", str(tmp_path / "warm-tb"),
+           capsys=capsys)  # imports and first-use caches, outside the measure
+    peaks = {}
+    for steps in (3_000, 12_000):
+        journal = long_journal(tmp_path / f"run{steps}" / "journal.jsonl", steps)
+        tracemalloc.start()
+        try:
+            out = export(journal, "tensorboard", str(tmp_path / f"tb{steps}"), capsys=capsys)
+            peaks[steps] = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert f"exported {steps} of {steps} frames" in out
+        assert [s for s, _ in tensorboard_series(tmp_path / f"tb{steps}")["train/loss_avg"]] == list(range(1, steps + 1))
+    assert peaks[12_000] - peaks[3_000] <= 2_000_000, peaks
+
+
+@pytest.mark.parametrize("block", [7, 16, 64, 1 << 20])
+def test_the_last_header_is_found_from_the_end_across_block_boundaries(tmp_path: Path, block: int) -> None:
+    """A resumed run appends its own header: the publisher starts the trackers with the last one. It is
+    searched from the end a block at a time (small blocks here, so the marker straddles boundaries)."""
+    from posttrain_metrics.journal import FORMAT, last_header
+
+    first = {"format": FORMAT, "version": 1, "kind": "header", "run_id": "r", "config": {"lr": 1}}
+    second = {"format": FORMAT, "version": 1, "kind": "header", "run_id": "r", "config": {"lr": 2}}
+    frame = '{"kind":"frame","step":%d,"metrics":{"train/loss_avg":0.5}}\n'
+    path = tmp_path / "journal.jsonl"
+    path.write_text(json.dumps(first, separators=(",", ":")) + "\n" + "".join(frame % i for i in range(1, 6)))
+    assert last_header(path, block) == first
+    with path.open("a") as f:
+        f.write(json.dumps(second, separators=(",", ":")) + "\n" + frame % 6)
+    assert last_header(path, block) == second
+    path.write_text("".join(frame % i for i in range(1, 4)))
+    assert last_header(path, block) is None
+    path.write_text("")
+    assert last_header(path, block) is None
+    assert last_header(tmp_path / "missing.jsonl", block) is None
