@@ -310,13 +310,22 @@ class Journal(_Header):
 class FramesOnDisk:
     """A journal's frames, parsed again from the file at each iteration: a pass holds one frame at a
     time. The file is read as it was when the journal was opened, so every pass gives the same frames
-    (a live run's later lines are not read); a file changed under it since is a :class:`MetricsError`."""
+    (a live run's later lines are not read); a file changed under it since (replaced, cut shorter, or
+    another journal copied over it: its header differs) is a :class:`MetricsError`."""
 
-    def __init__(self, path: Path, size: int, count: int, identity: tuple[int, int]) -> None:
-        self.path, self.size, self.count, self.identity = path, size, count, identity
+    def __init__(self, path: Path, size: int, count: int, identity: tuple[int, int], header: dict[str, Any]) -> None:
+        self.path, self.size, self.count, self.identity, self.header = path, size, count, identity, header
 
     def __iter__(self) -> Iterator[Frame]:
-        return _frames(self.path, _Pass(), size=self.size, identity=self.identity, warn=False)
+        found = _Pass()
+        checked = False
+        for frame in _frames(self.path, found, size=self.size, identity=self.identity, warn=False):
+            if not checked:  # the header comes before any frame
+                if found.first != self.header:
+                    raise MetricsError(f"{self.path}: the journal was rewritten since it was opened (its header "
+                                       "is not the one read then); fix: open it again")
+                checked = True
+            yield frame
 
     def __len__(self) -> int:
         return self.count
@@ -527,7 +536,8 @@ def open_journal(path: str | os.PathLike[str]) -> JournalOnDisk:
     found = _Pass()
     spans = _phase_spans(_frames(p, found, size=stat.st_size, identity=identity, stacklevel=5))
     count = sum(span.frames for span in spans.values())
-    return JournalOnDisk(p, found.header(p), FramesOnDisk(p, stat.st_size, count, identity), found.end, found.notes,
+    header = found.header(p)
+    return JournalOnDisk(p, header, FramesOnDisk(p, stat.st_size, count, identity, header), found.end, found.notes,
                          spans)
 
 

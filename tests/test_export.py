@@ -421,3 +421,21 @@ def test_the_last_header_is_found_from_the_end_across_block_boundaries(tmp_path:
     path.write_text("")
     assert last_header(path, block) is None
     assert last_header(tmp_path / "missing.jsonl", block) is None
+
+
+def test_another_journal_copied_over_the_path_mid_export_is_refused(tmp_path: Path) -> None:
+    """`cp other.jsonl journal.jsonl` rewrites the file in place (same inode, not shorter): the replay
+    must not export the other run's frames under this run's id; its header is not the one checked."""
+    import shutil
+
+    from posttrain_metrics.core.errors import MetricsError
+    from posttrain_metrics.export import export as export_journal
+    from posttrain_metrics.journal import open_journal
+
+    journal = long_journal(tmp_path / "run" / "journal.jsonl", 5)
+    other = long_journal(tmp_path / "other" / "journal.jsonl", 10)
+    opened = open_journal(journal)
+    shutil.copyfile(other, journal)
+    with pytest.raises(MetricsError, match="rewritten since it was opened"):
+        export_journal(opened, "tensorboard", str(tmp_path / "tb"), quiet=True)
+    assert not (tmp_path / "tb").exists() or not tensorboard_series(tmp_path / "tb")
