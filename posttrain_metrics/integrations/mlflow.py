@@ -318,6 +318,9 @@ class _SqlitePoints:
         """Log ``points`` (key, value, timestamp ms, step) to the run, in one transaction."""
         import sqlalchemy as sa
 
+        def rank(row: dict[str, Any]) -> tuple[int, int, float]:  # MLflow's order for a key's latest value
+            return row["step"], row["timestamp"], row["value"]
+
         rows: list[dict[str, Any]] = []
         newest: dict[str, dict[str, Any]] = {}
         sanitize = self.store.sanitize_metric_value
@@ -327,7 +330,7 @@ class _SqlitePoints:
                    "run_uuid": run_id}
             rows.append(row)
             old = newest.get(key)
-            if old is None or (step, stamp, stored) > (old["step"], old["timestamp"], old["value"]):
+            if old is None or rank(row) > rank(old):
                 newest[key] = row
         if not rows:
             return
@@ -350,14 +353,14 @@ class _SqlitePoints:
             keys = list(newest)
             held: dict[str, tuple[int, int, float]] = {}
             for i in range(0, len(keys), 500):  # SQLite builds before 3.32 bind at most 999 values
-                held.update((r.key, (r.step, r.timestamp, r.value)) for r in session.execute(
+                held.update((r.key, rank(r._asdict())) for r in session.execute(
                     sa.select(latest.c.key, latest.c.step, latest.c.timestamp, latest.c.value)
                     .where(latest.c.run_uuid == run_id, latest.c.key.in_(keys[i : i + 500]))))
             added = [row for key, row in newest.items() if key not in held]
             # (bound names differ from the columns': SQLAlchemy reserves those for the SET clause)
             changed = [{"k": key, "run": run_id, "v": row["value"], "t": row["timestamp"], "s": row["step"],
                         "n": row["is_nan"]} for key, row in newest.items()
-                       if key in held and (row["step"], row["timestamp"], row["value"]) > held[key]]
+                       if key in held and rank(row) > held[key]]
             if added:
                 session.execute(latest.insert(), added)
             if changed:
