@@ -296,7 +296,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                           "pass an importable module name (on sys.path, e.g. installed or in the current folder)")
         except Exception as exc:  # the module itself raised: show where, redacted
             return _error("--import", f"importing module {module!r} raised {type(exc).__name__}: {exc}")
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    if not argv:
+        parser.print_help()  # no command: list them, as --help does
+        return 0
+    args = parser.parse_args(argv)
     try:
         return int(args.func(args))
     except MetricsError as exc:

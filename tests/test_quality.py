@@ -32,6 +32,15 @@ def test_cli_help_for_every_subcommand():
         assert result.returncode == 0 and "usage:" in result.stdout, result.stderr
 
 
+def test_cli_with_no_arguments_lists_the_commands(capsys):
+    from posttrain_metrics.cli import main
+
+    assert main([]) == 0  # argparse alone exits 2 with "the following arguments are required: COMMAND"
+    out = capsys.readouterr().out
+    for sub in ("demo", "export", "publish", "doctor", "plot", "keys"):
+        assert f"    {sub} " in out, out
+
+
 def test_keys_markdown_lists_every_declared_key():
     from posttrain_metrics.core.catalog import BUILTIN
     from posttrain_metrics.core.keys import describe
