@@ -427,10 +427,11 @@ class _EventFile:
     takes ~150 MB/s sustained; a 100k-step export is 200 MB). At most ``_QUEUED`` batches wait for it
     (then ``flush`` blocks: memory stays bounded); a small flush (a step's event) is written on the
     calling thread unless batches are still queued (order is kept), so a training process never hands
-    a step to another thread. A write that fails is raised by the next ``flush`` or ``close``: on the
-    calling thread its records stay pending (the next flush writes them again); on the writer thread
-    that batch is lost to the file (the journal keeps it; ``posttrain-metrics publish`` sends what the
-    log dir lacks) and the next batches are written as usual.
+    a step to another thread. A write that fails (a full disk) is raised by the next ``flush`` or
+    ``close``, on either thread. The file is written unbuffered and a failed write keeps exactly the
+    bytes that did not reach it (part of a record, possibly), which the next write sends first: when
+    the disk has room again every record is in the file once, whole and in order, never twice (a
+    buffered file kept its own copy of a failed write besides ours: a step came back 11 times).
     """
 
     def __init__(self, log_dir: Path, tb: Any) -> None:
@@ -438,8 +439,9 @@ class _EventFile:
         name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{next(_UID)}"
         self.path = log_dir / name
         self._crc = tb.crc32c
-        self._file = open(self.path, "wb")  # noqa: SIM115 - held for the run
+        self._file = open(self.path, "wb", buffering=0)  # noqa: SIM115 - held for the run
         self._pending: list[bytes] = []
+        self._unwritten = b""  # what a failed write did not get into the file: written first, next time
         self._queue: queue.Queue[bytes | None] | None = None  # the writer thread's, once started
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -461,9 +463,10 @@ class _EventFile:
         self.add(event.SerializeToString())
 
     def flush(self) -> None:
-        if self._pending:
-            self._write(b"".join(self._pending))
-            self._pending.clear()
+        if self._pending or self._unwritten:
+            data = b"".join(self._pending)
+            self._pending.clear()  # from here on, what does not reach the file is in _unwritten
+            self._write(data)
         self._raise()
 
     def _write(self, data: bytes) -> None:
@@ -478,8 +481,20 @@ class _EventFile:
                 self._thread.start()
             q.put(data)
         else:
-            self._file.write(data)  # a failed write keeps the records pending: the next flush tries again
-            self._file.flush()
+            self._write_all(data)
+
+    def _write_all(self, data: bytes) -> None:
+        """Write what an earlier failed write left, then ``data``; on a failure keep exactly the bytes
+        that did not reach the file (see the class docstring). One writer at a time: the calling
+        thread writes only when the writer thread has no batch left."""
+        data = self._unwritten + data if self._unwritten else data
+        view = memoryview(data)
+        done = 0
+        try:
+            while done < len(data):
+                done += self._file.write(view[done:]) or 0  # a raw file may take part of it
+        finally:
+            self._unwritten = data[done:]
 
     def _drain(self, q: queue.Queue[bytes | None]) -> None:
         while True:
@@ -487,9 +502,8 @@ class _EventFile:
             try:
                 if data is None:
                     return
-                self._file.write(data)
-                self._file.flush()
-            except BaseException as exc:  # that batch is lost to this file (the journal has it): raised once
+                self._write_all(data)
+            except BaseException as exc:  # kept for the next write (see _write_all): raised once
                 with self._lock:
                     self._error = self._error or exc
             finally:
