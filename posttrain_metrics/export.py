@@ -155,6 +155,8 @@ def export(journal: AnyJournal, to: str, target: str | None = None, *, quiet: bo
             replica.feed(Record("frame", frame=f) for f in chunk)
             replica.flush()
             progress.tick(len(chunk))
+        replica.feed(Record("gap", gap=gap) for gap in journal.gaps)  # the steps the journal misses, as live
+        replica.flush()
     finally:
         started = replica.publisher is not None and replica.publisher.run is not None
         if started:  # a target that lacked nothing is left as it is
