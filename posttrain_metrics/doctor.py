@@ -1057,9 +1057,17 @@ class _RunEnd(_Watch):
         elif end.get("status") == "failed":
             yield _Hit(
                 (),
-                "the run ended with status 'failed' (an exception unwound the training loop)",
+                f"the run ended with status 'failed' ({end.get('reason') or 'an exception unwound the training loop'})",
                 "look at the job's log around the last step; the findings above may say why",
                 (),
+            )
+        elif end.get("status") == "interrupted":
+            yield _Hit(
+                (),
+                f"the run was interrupted ({end.get('reason') or 'Ctrl-C'}) before it finished",
+                "resume it from its last checkpoint with the same run_id if it should go on",
+                (),
+                Severity.INFO,
             )
 
 
@@ -1117,7 +1125,7 @@ CHECKS: tuple[Check, ...] = (
     Check("journal_integrity", Severity.WARNING, ("journal",), "a torn last line was skipped", _JournalIntegrity),
     Check("journal_gap", Severity.ERROR, ("journal",), "a gap record: frames the journal could not keep",
           _JournalGap),
-    Check("run_end", Severity.WARNING, ("journal end",), "status 'failed' (info: no end record)", _RunEnd),
+    Check("run_end", Severity.WARNING, ("journal end",), "status 'failed' (info: interrupted, no end record)", _RunEnd),
     Check("zero_grad_skips", Severity.INFO, (ZERO_GRAD,), "zero_grad_skips_total rose", _ZeroGradSkips),
 )
 """Every check the doctor runs, in report order within a severity."""

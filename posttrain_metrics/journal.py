@@ -14,8 +14,9 @@ Format ``posttrain-metrics-journal`` version 1, one JSON object per line:
 - gap: ``{"kind": "gap", "run_id", "time", "first_step", "last_step", "frames", "phases": {phase: n},
   "error"}``: frames the writer could not keep (a full disk past its backlog, see :class:`JournalSink`),
   written where they would have been
-- end: ``{"kind": "end", "run_id", "status": "finished" | "failed", "time"}``, plus ``"missing":
-  {"frames": n, "steps": [[first, last], ...]}`` when the run has gaps
+- end: ``{"kind": "end", "run_id", "status": "finished" | "failed" | "interrupted", "time"}``, plus
+  ``"reason"`` (the exception that ended the run: type and message, redacted) when there is one and
+  ``"missing": {"frames": n, "steps": [[first, last], ...]}`` when the run has gaps
 
 Every line is flushed when written, so a killed process leaves complete lines only, bar possibly a
 torn last one, which readers skip with a warning. ``fsync`` says when lines are also forced to disk
@@ -310,13 +311,18 @@ class JournalSink:
         self._held.clear()
         self._held_bytes = 0
 
-    def close(self, *, failed: bool = False) -> None:
+    def close(self, *, failed: bool = False, interrupted: bool = False, reason: str = "") -> None:
+        """Write the end record: status ``interrupted`` (Ctrl-C), ``failed`` or ``finished``, the
+        ``reason`` when one is given (the exception's type and message, redacted by the publisher) and
+        the gaps (``missing``)."""
         if self._file.closed:
             return
         if (self._held or self._gap is not None) and not self._catch_up():
             self._give_up_held()
-        end: dict[str, Any] = {"kind": "end", "run_id": self._run_id, "status": "failed" if failed else "finished",
-                               "time": time.time()}
+        status = "interrupted" if interrupted else "failed" if failed else "finished"
+        end: dict[str, Any] = {"kind": "end", "run_id": self._run_id, "status": status, "time": time.time()}
+        if reason:
+            end["reason"] = reason
         if self.gaps:
             end["missing"] = missing_summary(g.record(self._run_id) for g in self.gaps)
         lines = [_json_line(self._gap.record(self._run_id))] if self._gap is not None else []
@@ -841,6 +847,7 @@ class Record:
     header: dict[str, Any] | None = None
     status: str | None = None
     gap: dict[str, Any] | None = None  # a gap record (see Gap)
+    reason: str = ""  # an end record's reason (why the run failed or was interrupted)
 
 
 class JournalTail:
@@ -900,7 +907,7 @@ class JournalTail:
                     raise ValueError(f"not a {FORMAT} header")
                 return Record("header", header=record)
             if kind == "end":
-                return Record("end", status=str(record.get("status", "finished")))
+                return Record("end", status=str(record.get("status", "finished")), reason=str(record.get("reason", "")))
             if kind == "gap":
                 problem = gap_problem(record)
                 if problem:

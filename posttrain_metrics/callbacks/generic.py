@@ -272,11 +272,14 @@ class MetricsCallback:
                               "fed from it shows them; training continues and later steps are tried again "
                               "(MetricsCallback.samples_lost lists the steps)", stacklevel=user_stacklevel())
 
-    def on_run_end(self, failed: bool = False) -> None:
-        """Close every sink with the run's status (FAILED when ``failed``). Idempotent."""
+    def on_run_end(self, failed: bool = False, *, error: BaseException | None = None) -> None:
+        """Close every sink with the run's status (FAILED when ``failed``). ``error``, the exception
+        that ended the run, says why: a ``KeyboardInterrupt`` (Ctrl-C) ends it ``interrupted``, any
+        other ``failed``, and its type and message (redacted) are recorded and shown by every tracker.
+        Idempotent."""
         if self._samples_file is not None:
             self._samples_file.close()
-        self.publisher.close(failed=failed)
+        self.publisher.close(failed=failed, error=error)
 
     def _reducer(self, phase: str) -> MetricReducer:
         try:
@@ -298,8 +301,8 @@ class MetricsCallback:
     def __enter__(self) -> MetricsCallback:
         return self
 
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        self.on_run_end(failed=exc_type is not None)
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        self.on_run_end(failed=exc_type is not None, error=exc)
 
 
 def build_callback(config: Mapping[str, Any]) -> MetricsCallback:

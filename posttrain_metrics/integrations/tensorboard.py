@@ -90,8 +90,10 @@ from .factory import safe_name
 __all__ = [
     "AGGREGATE_PREFIX",
     "CONFIG_TAG",
+    "END_TAG",
     "HPARAMS_DIR",
     "INSTALL",
+    "REASON_HPARAM",
     "STATUS_HPARAM",
     "Category",
     "Chart",
@@ -108,7 +110,12 @@ AGGREGATE_PREFIX = "run/"
 CONFIG_TAG = "config"
 """Text tag of the run's config table (written at start)."""
 STATUS_HPARAM = "posttrain_metrics/status"
-"""The hparam that says how the run ended: ``finished``, ``failed`` or ``killed`` (never closed)."""
+"""The hparam that says how the run ended: ``finished``, ``failed``, ``interrupted`` or ``killed``
+(never closed)."""
+REASON_HPARAM = "posttrain_metrics/end_reason"
+"""The hparam that says why a run failed or was interrupted (the exception's type and message)."""
+END_TAG = "posttrain_metrics/end"
+"""Text tag, at the last step, saying how the run ended and why (``interrupted: KeyboardInterrupt``)."""
 
 # Doubles at or beyond this magnitude round to +/-inf in float32 (2**128 less half a float32 ulp).
 _F32_OVERFLOW = 2.0**128 * (1.0 - 2.0**-25)
@@ -831,17 +838,23 @@ class TensorBoardSink:
             self._writer.flush()
             self._unflushed = 0
 
-    def close(self, *, failed: bool = False, killed: bool = False) -> None:
+    def close(self, *, failed: bool = False, killed: bool = False, interrupted: bool = False,
+              reason: str = "") -> None:
         """Close the files and write the hparams session: status success, or failure when the run
-        failed or was killed (a run that never closed; the hparam ``posttrain_metrics/status`` tells
-        which: ``finished``, ``failed`` or ``killed``)."""
+        failed, was interrupted or was killed (a run that never closed; the hparam
+        ``posttrain_metrics/status`` tells which: ``finished``, ``failed``, ``interrupted`` or
+        ``killed``). A ``reason`` (why it failed or was interrupted) is the text ``posttrain_metrics/end``
+        at the last step and the hparam ``posttrain_metrics/end_reason``."""
         writer, self._writer = self._writer, None
         if writer is None:
             return
+        status = "killed" if killed else "interrupted" if interrupted else "failed" if failed else "finished"
+        if reason:
+            text = self._text_value(END_TAG, f"{status}: {reason}", "How the run ended, and why")
+            writer.add_event(self._event(self._last_step, time.time(), [text]))
         writer.close()  # the steps first, whatever happens next
         if self.hparams and self._run is not None and self._summary is not None and self.path is not None:
-            status = "killed" if killed else "failed" if failed else "finished"
-            self._write_hparams(self._run, self._summary, self.path, status)
+            self._write_hparams(self._run, self._summary, self.path, status, reason)
 
     # -- the publisher process ---------------------------------------------------------------------
 
@@ -893,11 +906,13 @@ class TensorBoardSink:
             tensor=self._string_tensor(layout.SerializeToString()),
         )
 
-    def _write_hparams(self, run: RunInfo, summary: RunSummary, path: Path, status: str) -> None:
+    def _write_hparams(self, run: RunInfo, summary: RunSummary, path: Path, status: str, reason: str) -> None:
         tb = self._tb
         hparams: dict[str, Scalar] = dict(run.config)
         hparams.setdefault("adapters", ",".join(run.adapters))
         hparams[STATUS_HPARAM] = status
+        if reason:
+            hparams[REASON_HPARAM] = reason
         # the session's group is named after the run (its directory: name and id)
         session_start = tb.hparams_summary.hparams_pb(hparams, trial_id=path.name, start_time_secs=run.started)
         aggregates = [

@@ -57,8 +57,9 @@ from .publisher import Publisher, display_frame, nonfinite_kind
 __all__ = ["MISSING_STEPS", "MISSING_STEP_RANGES", "STATUSES", "TRIM_EVERY", "JournalTail", "MissingSteps", "Pending", "Points", "Record", "Replica", "follow", "heap_trimmer",
            "status_path", "write_status"]
 
-STATUSES = ("finished", "failed", "killed")
-"""A run's end status: closed normally, closed because training raised, never closed (killed)."""
+STATUSES = ("finished", "failed", "interrupted", "killed")
+"""A run's end status: closed normally, closed because training raised, closed because it was
+interrupted (Ctrl-C), never closed (killed)."""
 
 
 # -- what a target already holds --------------------------------------------------------------------
@@ -177,6 +178,7 @@ class Replica:
         self.end: str | None = None  # the status of the last end record read, None while the run goes on
         self.closed = False
         self.gaps = MissingSteps()  # the journal's gaps so far, as the trackers show them
+        self.end_reason = ""  # the end record's reason (why the run failed or was interrupted)
 
     def ready(self) -> bool:
         """Whether the sink takes more frames now (an MLflow sink holding a full backlog does not)."""
@@ -226,6 +228,7 @@ class Replica:
                         self._start_sink()
             elif record.kind == "end":
                 self.end = record.status
+                self.end_reason = record.reason
 
     def _send(self, frame: Frame) -> None:
         """One frame to the sink, unless the target holds it already."""
@@ -279,7 +282,7 @@ class Replica:
         self.closed = True
         if self.publisher is not None:
             self.feed_samples()
-            self.publisher.close(status=status)
+            self.publisher.close(status=status, reason=self.end_reason if status == self.end else None)
 
     def handles(self) -> dict[str, Any]:
         """The tracker's own names for this run (W&B run id and URL, MLflow run id, log dir), redacted:
