@@ -134,6 +134,49 @@ def test_a_backlog_of_five_lines_holds_five_frames_then_the_rest_is_a_gap_that_e
     lines = [json.loads(line)["kind"] for line in path.read_text().splitlines()]
     assert lines.index("gap") == 1 + 45  # after the header and the frames kept, before step 180
     assert export(open_journal(path), "tensorboard", str(tmp_path / "tb"), quiet=True) == 0
+    assert export(open_journal(path), "tensorboard", str(tmp_path / "tb"), quiet=True) == 0  # again: nothing new
     acc = EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0})
     acc.Reload()
     assert [(e.step, e.value) for e in acc.Scalars(MISSING_STEPS)] == [(179, 35.0)]
+    assert [e.step for e in acc.Scalars("train/grad_norm")] == [*range(100, 145), *range(180, 200)]
+
+
+def test_a_disk_still_full_at_close_names_the_missing_steps_and_the_trackers_mark_the_run_killed(tmp_path):
+    import time
+
+    from tensorboard.plugins.hparams import metadata as hparams_metadata
+
+    out = tmp_path / "run"
+    proc = run_child(f"""
+        import json, warnings
+        from pathlib import Path
+        from posttrain_metrics.callbacks import MetricsCallback
+
+        out = Path({str(out)!r})
+        cb = MetricsCallback(adapters=["trainer"], out_dir=out, run_name="full", run_id="fullrun01",
+                             sinks=[{{"type": "journal"}}, {{"type": "tensorboard"}}], close_timeout=600)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with cb:
+                for step in range(1, 21):
+                    if step == 11:
+                        disk_full((out / "journal.jsonl").stat().st_size)  # never lifted
+                    cb.on_chunk_end({{"grad_norm": 1.0}})
+                    cb.on_window_end(step)
+        print(json.dumps([str(w.message) for w in caught if "end record" in str(w.message)]))
+    """, tmp_path)
+    [said] = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "it misses steps 11-20 (10 frames)" in said and "killed" in said, said
+    journal = read_journal(out / "journal.jsonl")
+    assert [f.step for f in journal.frames] == list(range(1, 11)) and journal.end is None
+    status = out / "journal.jsonl.publisher.json"  # the publisher, once the trainer is gone, closes as killed
+    deadline = time.monotonic() + 120
+    while not (status.exists() and json.loads(status.read_text()).get("state") == "closed"):
+        assert time.monotonic() < deadline, "the publisher process never closed the run"
+        time.sleep(0.2)
+    [tb_dir] = (out / "tensorboard").iterdir()
+    session = EventAccumulator(str(tb_dir / "hparams"))
+    session.Reload()
+    content = session.PluginTagToContent(hparams_metadata.PLUGIN_NAME)
+    start = hparams_metadata.parse_session_start_info_plugin_data(content[hparams_metadata.SESSION_START_INFO_TAG])
+    assert start.hparams["posttrain_metrics/status"].string_value == "killed"

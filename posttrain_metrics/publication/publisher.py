@@ -53,7 +53,7 @@ from ..core.redact import config_tree, flatten_config, redact_text
 from ..core.reducer import AdapterSpec, resolve_adapters
 from ..core.values import Scalar
 from ..integrations.base import RunInfo, Sink, tracker_settings
-from ..journal import SAFE_RUN_ID
+from ..journal import SAFE_RUN_ID, journal_closed
 
 __all__ = ["MODES", "Publisher", "display_frame", "end_reason", "nonfinite_kind"]
 
@@ -399,6 +399,11 @@ class Publisher:
             if sink.name not in self.unstarted:
                 self._close_sink(sink, status, reason or "")
         deadline = time.monotonic() + self.close_timeout
+        if self.journal_path is not None and (self.process or self._thread) and not journal_closed(self.journal_path):
+            # No end record (the disk is full: the journal warned, naming what is missing): a follower
+            # would wait for one in vain. It closes the trackers as killed once this process is gone.
+            self._stop.set()
+            self.process = None
         if self._thread is not None:
             self._thread.join(self.close_timeout)
             if self._thread.is_alive():
