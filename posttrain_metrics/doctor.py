@@ -10,7 +10,7 @@ Severities:
 - ``error``: the numbers say something is broken, not merely unusual: ``clip_frac`` nonzero at one
   minibatch per batch (a bug, not tighter training), a rejected update (fatal at the GRPO entry),
   non-finite rejections in a row, a non-finite loss or gradient norm on an *applied* update, PPO
-  role counters that disagree.
+  role counters that disagree, frames missing from the journal (a gap record: a full disk).
 - ``warning``: a known pathology signature that needs a human to look (informative groups near
   zero, a KL spike with a gradient jump, responses running into the token budget, a rising logprob
   gap, DPO accuracy stuck at chance, a large ``sc_rho_max``, non-finite values, steps out of order,
@@ -1020,6 +1020,26 @@ class _JournalIntegrity(_Watch):
             )
 
 
+class _JournalGap(_Watch):
+    def __init__(self, run: _Run) -> None:
+        self.journal = run.journal
+
+    def hits(self) -> Iterator[_Hit]:
+        """One finding per gap record: the steps whose frames the writer could not keep."""
+        gaps: Sequence[Mapping[str, Any]] = getattr(self.journal, "gaps", ())  # a journal's; a reader may lack it
+        for gap in gaps:
+            first, last, frames = int(gap["first_step"]), int(gap["last_step"]), int(gap["frames"])
+            phases = ", ".join(f"{n} {phase}" for phase, n in dict(gap.get("phases", {})).items())
+            error = f" ({gap['error']})" if gap.get("error") else ""
+            yield _Hit(
+                range(first, last + 1) if 0 <= last - first < 1_000_000 else (first, last),
+                f"{frames} frames{f' ({phases})' if phases else ''} from step {first} to {last} are not in the "
+                f"journal: it could not be written{error} and its backlog was full; no tracker has them either",
+                "give the run's disk room (or a larger JournalSink backlog_bytes); these steps' metrics are lost",
+                (),
+            )
+
+
 class _RunEnd(_Watch):
     def __init__(self, run: _Run) -> None:
         self.journal = run.journal
@@ -1037,9 +1057,17 @@ class _RunEnd(_Watch):
         elif end.get("status") == "failed":
             yield _Hit(
                 (),
-                "the run ended with status 'failed' (an exception unwound the training loop)",
+                f"the run ended with status 'failed' ({end.get('reason') or 'an exception unwound the training loop'})",
                 "look at the job's log around the last step; the findings above may say why",
                 (),
+            )
+        elif end.get("status") == "interrupted":
+            yield _Hit(
+                (),
+                f"the run was interrupted ({end.get('reason') or 'Ctrl-C'}) before it finished",
+                "resume it from its last checkpoint with the same run_id if it should go on",
+                (),
+                Severity.INFO,
             )
 
 
@@ -1095,7 +1123,9 @@ CHECKS: tuple[Check, ...] = (
     Check("nonfinite_values", Severity.WARNING, ("*",), "any NaN/inf value in the journal", _NonfiniteValues),
     Check("step_order", Severity.WARNING, ("step",), "a step <= an earlier step of the same phase", _StepOrder),
     Check("journal_integrity", Severity.WARNING, ("journal",), "a torn last line was skipped", _JournalIntegrity),
-    Check("run_end", Severity.WARNING, ("journal end",), "status 'failed' (info: no end record)", _RunEnd),
+    Check("journal_gap", Severity.ERROR, ("journal",), "a gap record: frames the journal could not keep",
+          _JournalGap),
+    Check("run_end", Severity.WARNING, ("journal end",), "status 'failed' (info: interrupted, no end record)", _RunEnd),
     Check("zero_grad_skips", Severity.INFO, (ZERO_GRAD,), "zero_grad_skips_total rose", _ZeroGradSkips),
 )
 """Every check the doctor runs, in report order within a severity."""

@@ -27,7 +27,7 @@ from .core.redact import redact_text
 from .integrations.base import Sink
 from .integrations.mlflow import mlflow_run
 from .journal import Journal, JournalOnDisk, Record
-from .publication.follower import Replica
+from .publication.follower import STATUSES, Replica
 
 __all__ = ["export"]
 
@@ -155,10 +155,13 @@ def export(journal: AnyJournal, to: str, target: str | None = None, *, quiet: bo
             replica.feed(Record("frame", frame=f) for f in chunk)
             replica.flush()
             progress.tick(len(chunk))
+        replica.feed(Record("gap", gap=gap) for gap in journal.gaps)  # the steps the journal misses, as live
+        replica.flush()
     finally:
         started = replica.publisher is not None and replica.publisher.run is not None
         if started:  # a target that lacked nothing is left as it is
-            replica.close(status if status in ("finished", "failed", "killed") else "finished")
+            replica.end, replica.end_reason = status, str(journal.end.get("reason", "")) if journal.end else ""
+            replica.close(status if status in STATUSES else "finished")
         progress.done()
     if replica.written == 0:
         print(f"nothing to export: all {total} frames of run {journal.run_id} are already in {where}")

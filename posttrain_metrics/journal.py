@@ -11,7 +11,12 @@ Format ``posttrain-metrics-journal`` version 1, one JSON object per line:
 - frame: ``{"kind": "frame", "run_id", "step", "phase", "time", "metrics": {key: value}}`` where a
   value is a number, a bool, a label string, or ``{"$float": "NaN" | "Infinity" | "-Infinity"}`` for
   a non-finite float (strict JSON, exact round trip)
-- end: ``{"kind": "end", "run_id", "status": "finished" | "failed", "time"}``
+- gap: ``{"kind": "gap", "run_id", "time", "first_step", "last_step", "frames", "phases": {phase: n},
+  "error"}``: frames the writer could not keep (a full disk past its backlog, see :class:`JournalSink`),
+  written where they would have been
+- end: ``{"kind": "end", "run_id", "status": "finished" | "failed" | "interrupted", "time"}``, plus
+  ``"reason"`` (the exception that ended the run: type and message, redacted) when there is one and
+  ``"missing": {"frames": n, "steps": [[first, last], ...]}`` when the run has gaps
 
 Every line is flushed when written, so a killed process leaves complete lines only, bar possibly a
 torn last one, which readers skip with a warning. ``fsync`` says when lines are also forced to disk
@@ -21,15 +26,17 @@ The journal is plain data, never pickle: reading one executes nothing.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import math
 import os
 import re
+import time
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from .core.adapter import MetricAdapter
 from .core.errors import MetricsError
@@ -40,10 +47,12 @@ from .core.redact import flatten_config
 from .core.reducer import resolve_adapters
 from .core.values import MAX_EXACT_INT, Scalar
 from .integrations.base import RunInfo
+from .lines import LineFile
 
 __all__ = [
-    "FORMAT", "SAFE_RUN_ID", "VERSION", "FramesOnDisk", "Journal", "JournalOnDisk", "JournalSink", "JournalTail",
-    "PhaseSpan", "Record", "header_adapters", "journal_closed", "last_header", "open_journal", "read_journal",
+    "BACKLOG_BYTES", "FORMAT", "SAFE_RUN_ID", "VERSION", "FramesOnDisk", "Gap", "Journal", "JournalOnDisk",
+    "JournalSink", "JournalTail", "PhaseSpan", "Record", "describe_gap", "gap_problem", "header_adapters",
+    "journal_closed", "last_header", "missing_summary", "open_journal", "read_journal",
 ]
 
 _orjson: Any = None
@@ -57,6 +66,8 @@ except ImportError:  # pragma: no cover - exercised where orjson is absent
 FORMAT = "posttrain-metrics-journal"
 VERSION = 1
 _FSYNC = ("close", "step", "never")
+BACKLOG_BYTES = 16 << 20
+"""How many bytes of frame lines a journal holds in memory while its disk is full (see JournalSink)."""
 
 # Run ids end up in file names (W&B's run-<id>.wandb, a TensorBoard log_dir with {run_id}) and in
 # tracker queries: letters, digits, '_', '-', '.', not starting with '.' or '-'.
@@ -120,28 +131,45 @@ class JournalSink:
 
     The header carries the redacted config; ``close`` writes an end line with the run's status.
     Opening an existing journal of the same run id appends to it (a resumed run).
+
+    A line that cannot be written (a full disk) never becomes a silent gap: the frame is held in
+    memory, up to ``backlog_bytes`` of lines, and the held frames are written, in order, as soon as a
+    write succeeds again (at the next frame, or at close). Frames beyond that bound are not kept: their
+    count and step range are written as a ``gap`` record, in their place, as soon as anything can be
+    written, and the end record lists every gap (``missing``). Readers, the doctor and the trackers
+    (``health/missing_steps``) report them. Each failure and the recovery are warned about once.
     """
 
     name = "journal"
     stores_nonfinite = frozenset({"nan", "inf"})
     inline = True  # written on the training thread, never by the publisher process
 
-    def __init__(self, path: str | os.PathLike[str], *, fsync: str = "close") -> None:
+    def __init__(self, path: str | os.PathLike[str], *, fsync: str = "close",
+                 backlog_bytes: int = BACKLOG_BYTES) -> None:
         if fsync not in _FSYNC:
             raise MetricsError(f"journal fsync={fsync!r}; fix: use one of {list(_FSYNC)}")
+        if isinstance(backlog_bytes, bool) or not isinstance(backlog_bytes, int) or backlog_bytes < 0:
+            raise MetricsError(f"journal backlog_bytes={backlog_bytes!r:.40}; fix: a whole number of bytes >= 0 "
+                               f"(the default {BACKLOG_BYTES} holds about 6,000 frames of 61 keys)")
         self.path = Path(path)
         self.fsync = fsync
-        self._file: IO[str] | None = None
+        self.backlog_bytes = backlog_bytes
+        self._file = LineFile(self.path)
         self._run_id = ""
+        self._held: collections.deque[tuple[int, str, bytes]] = collections.deque()  # (step, phase, line)
+        self._held_bytes = 0
+        self._gap: Gap | None = None  # the frames not kept since the backlog was full
+        self.gaps: list[Gap] = []  # every gap of the run, written or not: the end record lists them
+        self._fault = ""  # the error of the write that failed, while writes fail
 
     def start(self, run: RunInfo) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._run_id = run.run_id
         self._set_aside_other_run(run.run_id)
         torn = self.path.exists() and self.path.stat().st_size > 0 and not self._ends_with_newline()
-        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - held for the run
+        self._file.open()
         if torn:  # a crash mid-line: end that line so that the resumed run's lines stay whole
-            self._file.write("\n")
+            self._file.append(b"\n")
         self._line(
             {
                 "format": FORMAT,
@@ -186,6 +214,23 @@ class JournalSink:
                       f"{run_id!r} starts its own journal", stacklevel=3)
 
     def write(self, frame: Frame) -> None:
+        if self._file.closed:
+            raise MetricsError(f"journal {self.path} is not open; fix: call start() before write()")
+        line = self._frame_line(frame)
+        if self._held or self._gap is not None:
+            self._catch_up()
+        if not self._held and self._gap is None:
+            try:
+                self._file.append(line)
+            except OSError as exc:
+                self._failed(exc)
+            else:
+                if self.fsync == "step":
+                    self._file.sync()
+                return
+        self._hold(frame.step, frame.phase, line)
+
+    def _frame_line(self, frame: Frame) -> bytes:
         metrics = frame.metrics
         for value in metrics.values():  # NaN and infinities as {"$float": ...}: strict JSON
             if type(value) is float and value - value != 0.0:
@@ -193,41 +238,175 @@ class JournalSink:
                 break
         record = {"kind": "frame", "run_id": self._run_id, "step": frame.step, "phase": frame.phase,
                   "time": frame.wall_time, "metrics": metrics}
-        if _orjson is not None and self._file is not None and math.isfinite(frame.wall_time):
+        if _orjson is not None and math.isfinite(frame.wall_time):
             # orjson (when installed) encodes a 61-key frame about 10x faster than json: it is the
             # training thread's main cost here. Same strict JSON; floats in their shortest repr.
             try:
-                line = _orjson.dumps(record, option=_orjson.OPT_APPEND_NEWLINE).decode()
+                return _orjson.dumps(record, option=_orjson.OPT_APPEND_NEWLINE)  # type: ignore[no-any-return]
             except TypeError:  # a value orjson does not take (it is strict about types): json's turn
-                line = ""
-            if line:
-                self._file.write(line)
-                self._file.flush()
-                if self.fsync == "step":
-                    os.fsync(self._file.fileno())
-                return
-        self._line(record, sync=self.fsync == "step")
+                pass
+        return _json_line(record)
 
-    def close(self, *, failed: bool = False) -> None:
-        if self._file is None:
+    def _failed(self, exc: OSError) -> None:
+        if self._fault:
             return
-        import time
+        self._fault = f"{type(exc).__name__}: {exc}"
+        warnings.warn(f"journal {self.path}: a line could not be written ({self._fault}); training goes on, the "
+                      f"frames are held in memory (up to backlog_bytes={self.backlog_bytes}) and written when the "
+                      "disk has room; frames beyond that are recorded as a gap (their steps) in the journal",
+                      stacklevel=4)
 
-        self._line(
-            {"kind": "end", "run_id": self._run_id, "status": "failed" if failed else "finished",
-             "time": time.time()},
-            sync=self.fsync != "never",
-        )
-        self._file.close()
-        self._file = None
+    def _hold(self, step: int, phase: str, line: bytes) -> None:
+        """Keep a frame that could not be written, within the bound; past it, count it in the gap."""
+        if self._gap is None and self._held_bytes + len(line) <= self.backlog_bytes:
+            self._held.append((step, phase, line))
+            self._held_bytes += len(line)
+            return
+        if self._gap is None:
+            self._gap = Gap(step, step, error=self._fault)
+            self.gaps.append(self._gap)
+            warnings.warn(f"journal {self.path}: {len(self._held)} frames held in memory fill backlog_bytes="
+                          f"{self.backlog_bytes}; frames from {phase} step {step} on are not kept until the disk "
+                          "has room: their steps are recorded as a gap", stacklevel=4)
+        self._gap.add(step, phase)
+
+    def _catch_up(self) -> bool:
+        """Write the held frames, then the gap record, in order; whether all of it is written."""
+        written = 0
+        while self._held:
+            _, _, line = self._held[0]
+            try:
+                self._file.append(line)
+            except OSError:
+                return False
+            self._held.popleft()
+            self._held_bytes -= len(line)
+            written += 1
+        gap = self._gap
+        if gap is not None:
+            try:
+                self._file.append(_json_line(gap.record(self._run_id)))
+            except OSError:
+                return False
+            self._gap = None
+        if written or gap is not None:
+            lost = f"; {gap.describe()} could not be kept: recorded as a gap" if gap is not None else ""
+            warnings.warn(f"journal {self.path} is written again: {written} held frames are in it{lost}", stacklevel=5)
+        self._fault = ""
+        return True
+
+    def _give_up_held(self) -> None:
+        """At close, with the disk still full: the held frames join the gap (they come before it)."""
+        if not self._held:
+            return
+        first = self._held[0][0]
+        gap = Gap(first, first, error=self._fault)
+        for step, phase, _ in self._held:
+            gap.add(step, phase)
+        if self._gap is not None:
+            gap.extend(self._gap)
+            self.gaps.remove(self._gap)
+        self.gaps.append(gap)
+        self._gap = gap
+        self._held.clear()
+        self._held_bytes = 0
+
+    def close(self, *, failed: bool = False, interrupted: bool = False, reason: str = "") -> None:
+        """Write the end record: status ``interrupted`` (Ctrl-C), ``failed`` or ``finished``, the
+        ``reason`` when one is given (the exception's type and message, redacted by the publisher) and
+        the gaps (``missing``)."""
+        if self._file.closed:
+            return
+        if (self._held or self._gap is not None) and not self._catch_up():
+            self._give_up_held()
+        status = "interrupted" if interrupted else "failed" if failed else "finished"
+        end: dict[str, Any] = {"kind": "end", "run_id": self._run_id, "status": status, "time": time.time()}
+        if reason:
+            end["reason"] = reason
+        if self.gaps:
+            end["missing"] = missing_summary(g.record(self._run_id) for g in self.gaps)
+        lines = [_json_line(self._gap.record(self._run_id))] if self._gap is not None else []
+        try:
+            self._file.append(b"".join((*lines, _json_line(end))))
+            if self.fsync != "never":
+                self._file.sync()
+        except OSError as exc:
+            missing = f"; it misses {', '.join(g.describe() for g in self.gaps)}" if self.gaps else ""
+            warnings.warn(f"journal {self.path}: the end record could not be written ({type(exc).__name__}: {exc})"
+                          f"{missing}; readers take the run as killed", stacklevel=3)
+        finally:
+            self._file.close()
 
     def _line(self, record: Mapping[str, Any], *, sync: bool = False) -> None:
-        if self._file is None:
+        if self._file.closed:
             raise MetricsError(f"journal {self.path} is not open; fix: call start() before write()")
-        self._file.write(json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n")
-        self._file.flush()
+        self._file.append(_json_line(record))
         if sync:
-            os.fsync(self._file.fileno())
+            self._file.sync()
+
+
+def _json_line(record: Mapping[str, Any]) -> bytes:
+    return (json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n").encode("utf-8")
+
+
+@dataclasses.dataclass
+class Gap:
+    """Frames the journal could not keep (a full disk past its backlog): how many per phase, the step
+    of the first and of the last, and the error that stopped the writes. Its journal record:
+    ``{"kind": "gap", "run_id", "time", "first_step", "last_step", "frames", "phases": {phase: n},
+    "error"}``."""
+
+    first_step: int
+    last_step: int
+    frames: int = 0
+    phases: dict[str, int] = dataclasses.field(default_factory=dict)
+    error: str = ""
+
+    def add(self, step: int, phase: str) -> None:
+        self.last_step = step
+        self.frames += 1
+        self.phases[phase] = self.phases.get(phase, 0) + 1
+
+    def extend(self, later: Gap) -> None:
+        self.last_step = later.last_step
+        self.frames += later.frames
+        for phase, n in later.phases.items():
+            self.phases[phase] = self.phases.get(phase, 0) + n
+
+    def describe(self) -> str:
+        return describe_gap(self.record(""))
+
+    def record(self, run_id: str) -> dict[str, Any]:
+        return {"kind": "gap", "run_id": run_id, "time": time.time(), "first_step": self.first_step,
+                "last_step": self.last_step, "frames": self.frames, "phases": dict(self.phases), "error": self.error}
+
+
+def describe_gap(gap: Mapping[str, Any]) -> str:
+    """``steps 41-229 (189 frames)``: what a gap record says is missing."""
+    first, last, frames = gap["first_step"], gap["last_step"], gap["frames"]
+    steps = f"step {first}" if first == last else f"steps {first}-{last}"
+    return f"{steps} ({frames} frame{'s' if frames != 1 else ''})"
+
+
+def gap_problem(record: Mapping[str, Any]) -> str | None:
+    """What is wrong with a gap record as read (None: nothing): integer steps within +/-2**53, a positive
+    frame count, a phases object."""
+    for field in ("first_step", "last_step", "frames"):
+        value = record.get(field)
+        if isinstance(value, bool) or not isinstance(value, int) or abs(value) > MAX_EXACT_INT:
+            return f"{field} {value!r:.40} is not an integer"
+    if record["frames"] < 1:
+        return f"frames {record['frames']} is not a positive count"
+    if not isinstance(record.get("phases", {}), dict):
+        return f"phases {record.get('phases')!r:.40} is not a JSON object"
+    return None
+
+
+def missing_summary(gaps: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """What the end record says is missing: ``{"frames": n, "steps": [[first, last], ...]}``."""
+    listed = list(gaps)
+    return {"frames": sum(int(g["frames"]) for g in listed),
+            "steps": [[int(g["first_step"]), int(g["last_step"])] for g in listed]}
 
 
 class _Header:
@@ -300,6 +479,8 @@ class Journal(_Header):
     frames: list[Frame]
     end: dict[str, Any] | None
     warnings: list[str]
+    gaps: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    """The gap records: frames the writer could not keep (a full disk), with their steps."""
 
     @property
     def phases(self) -> dict[str, PhaseSpan]:
@@ -342,6 +523,8 @@ class JournalOnDisk(_Header):
     end: dict[str, Any] | None
     warnings: list[str]
     phases: dict[str, PhaseSpan]
+    gaps: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    """The gap records (see :class:`Journal`)."""
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -523,7 +706,7 @@ def read_journal(path: str | os.PathLike[str]) -> Journal:
     p = _existing(path)
     found = _Pass()
     frames = list(_frames(p, found))
-    return Journal(p, found.header(p), frames, found.end, found.notes)
+    return Journal(p, found.header(p), frames, found.end, found.notes, found.gaps)
 
 
 def open_journal(path: str | os.PathLike[str]) -> JournalOnDisk:
@@ -538,7 +721,7 @@ def open_journal(path: str | os.PathLike[str]) -> JournalOnDisk:
     count = sum(span.frames for span in spans.values())
     header = found.header(p)
     return JournalOnDisk(p, header, FramesOnDisk(p, stat.st_size, count, identity, header), found.end, found.notes,
-                         spans)
+                         spans, found.gaps)
 
 
 @dataclasses.dataclass
@@ -548,6 +731,7 @@ class _Pass:
     first: dict[str, Any] | None = None  # the first header
     end: dict[str, Any] | None = None
     notes: list[str] = dataclasses.field(default_factory=list)
+    gaps: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # frames the writer could not keep
 
     def header(self, path: Path) -> dict[str, Any]:
         if self.first is None:
@@ -633,6 +817,14 @@ def _frames(p: Path, found: _Pass, *, size: int | None = None, identity: tuple[i
             continue
         elif kind == "header":
             pass  # a resumed run appends its own header; the first one names the run
+        elif kind == "gap":
+            problem = gap_problem(record)
+            if problem:
+                if unterminated:
+                    continue
+                raise MetricsError(f"{p}:{number}: malformed gap record ({problem})")
+            found.gaps.append(record)
+            continue
         else:
             raise MetricsError(f"{p}:{number}: unknown record kind {kind!r}")
         if kind in ("frame", "header"):
@@ -650,10 +842,12 @@ def _frames(p: Path, found: _Pass, *, size: int | None = None, identity: tuple[i
 class Record:
     """One journal line as the follower needs it."""
 
-    kind: str  # "header", "frame", "end"
+    kind: str  # "header", "frame", "gap", "end"
     frame: Frame | None = None
     header: dict[str, Any] | None = None
     status: str | None = None
+    gap: dict[str, Any] | None = None  # a gap record (see Gap)
+    reason: str = ""  # an end record's reason (why the run failed or was interrupted)
 
 
 class JournalTail:
@@ -713,7 +907,12 @@ class JournalTail:
                     raise ValueError(f"not a {FORMAT} header")
                 return Record("header", header=record)
             if kind == "end":
-                return Record("end", status=str(record.get("status", "finished")))
+                return Record("end", status=str(record.get("status", "finished")), reason=str(record.get("reason", "")))
+            if kind == "gap":
+                problem = gap_problem(record)
+                if problem:
+                    raise ValueError(problem)
+                return Record("gap", gap=record)
             raise ValueError(f"unknown record kind {kind!r}")
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             # A crash mid-line followed by a resumed run's header: the torn part is skipped.

@@ -12,9 +12,9 @@ import json
 import os
 import warnings
 from pathlib import Path
-from typing import IO
 
 from .core.samples import Samples
+from .lines import LineFile
 
 __all__ = ["SamplesFile", "SamplesTail", "read_samples", "samples_path"]
 
@@ -25,26 +25,25 @@ def samples_path(journal: Path) -> Path:
 
 
 class SamplesFile:
-    """Appends one line per step's samples, flushed (a killed run leaves whole lines)."""
+    """Appends one line per step's samples, flushed (a killed run leaves whole lines). A line that
+    cannot be written (a full disk) is not in the file at all (see :class:`~posttrain_metrics.lines.LineFile`):
+    ``write`` raises the ``OSError`` and the next step's line is written whole after the last one."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._file: IO[str] | None = None
+        self._file = LineFile(path)
 
     def write(self, samples: Samples) -> int:
         """Append ``samples``; the bytes written."""
-        if self._file is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - held for the run
+        if self._file.closed:
+            self._file.open()
         line = json.dumps(samples.to_record(), separators=(",", ":"), ensure_ascii=False, allow_nan=False) + "\n"
-        self._file.write(line)
-        self._file.flush()
-        return len(line.encode("utf-8"))
+        data = line.encode("utf-8")
+        self._file.append(data)
+        return len(data)
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        self._file.close()
 
 
 def read_samples(path: str | os.PathLike[str]) -> list[Samples]:

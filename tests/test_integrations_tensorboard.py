@@ -663,7 +663,8 @@ def test_a_failed_write_on_the_calling_thread_is_written_again_by_the_next_flush
     assert records(tmp_path)[1:] == [b"first", b"second"]  # after the file version record
 
 
-def test_a_failed_write_on_the_writer_thread_is_raised_once_and_later_batches_are_written(tmp_path, monkeypatch):
+def test_a_failed_write_on_the_writer_thread_is_raised_once_and_written_again_before_later_batches(
+        tmp_path, monkeypatch):
     import traceback
 
     from posttrain_metrics.integrations import tensorboard as tb_module
@@ -684,7 +685,8 @@ def test_a_failed_write_on_the_writer_thread_is_raised_once_and_later_batches_ar
     writer.close()
     assert len(raised) == 1 and "No space left on device" in str(raised[0])  # once, naming the cause
     assert len(traceback.extract_tb(raised[0].__traceback__)) < 5  # a new exception, not one re-raised
-    assert records(tmp_path)[1:] == [b"kept-1", b"kept-2", b"kept-3"]  # the failed batch alone is lost
+    # issue 23 (nothing lost): the failed batch is written again before the next, once
+    assert records(tmp_path)[1:] == [b"lost", b"kept-1", b"kept-2", b"kept-3"]
 
 # -- one directory per run; what the dashboard opens on ------------------------------------------------
 
@@ -823,3 +825,39 @@ def test_run_aggregates_are_hparams_session_metrics_not_series_of_the_run(tmp_pa
     assert sorted(acc.Tags()["scalars"]) == sorted(AGGREGATE_PREFIX + k for k in HAND_RUN)
     assert all(len(acc.Scalars(t)) == 1 for t in acc.Tags()["scalars"])  # one value per metric
     assert start.group_name == sink.path.name and end.status == api_pb2.STATUS_SUCCESS
+
+
+def test_a_full_disk_that_clears_leaves_each_step_once_in_the_event_file(tmp_path):
+    # A real fault: the child's file-size limit stops the event file mid-run (a write may take part
+    # of a record), then is lifted. Each step of 1-40 reads back once per tag, with its own value.
+    from _faults import run_child
+
+    proc = run_child(f"""
+        import warnings
+        from pathlib import Path
+        from posttrain_metrics import Frame
+        from posttrain_metrics.integrations.tensorboard import TensorBoardSink
+        from posttrain_metrics.publication import Publisher
+
+        log_dir = Path({str(tmp_path / "tb")!r})
+        pub = Publisher([TensorBoardSink(log_dir=log_dir)], adapters=["trainer"], run_name="t", mode="inline")
+        pub.start()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for step in range(1, 41):
+                if step == 20:
+                    disk_full(next(log_dir.glob("events.*")).stat().st_size + 150)  # room for part of a step
+                if step == 30:
+                    disk_room()
+                pub.publish(Frame(step, {{"train/grad_norm": step / 4, "train/learning_rate": step * 1e-3}},
+                                  "train", 1_700_000_000.0 + step))
+            pub.close()
+        print(len([w for w in caught if "tensorboard" in str(w.message)]), pub.failures.get("tensorboard", 0))
+    """, tmp_path)
+    warned, failures = map(int, proc.stdout.split())
+    assert warned == 1 and failures >= 1  # the fault happened, and was the sink's, said once
+    events = load(tmp_path / "tb")
+    for tag, scale in (("train/grad_norm", 0.25), ("train/learning_rate", 1e-3)):
+        points = [(e.step, e.value) for e in events.Scalars(tag)]
+        assert [s for s, _ in points] == list(range(1, 41)), tag
+        assert [v for _, v in points] == pytest.approx([s * scale for s in range(1, 41)], rel=1e-6)

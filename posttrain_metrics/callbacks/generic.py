@@ -25,15 +25,17 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ..core import distributed
-from ..core.errors import MetricsError
+from ..core.errors import MetricsError, user_stacklevel
 from ..core.extra import check_disjoint, normalise, user_adapters
 from ..core.frame import Frame
 from ..core.layout import RefusedChunk
+from ..core.redact import redact_text
 from ..core.reducer import AdapterSpec, MetricReducer, resolve_adapters
 from ..core.samples import MAX_CHARS, Histogram, Samples, check_rows, numeric_columns, pick, select
 from ..integrations.base import Sink
@@ -103,6 +105,7 @@ class MetricsCallback:
                 raise MetricsError(f"MetricsCallback: {option}={value!r:.40}; fix: a whole number >= {low}")
         self.samples_per_step, self.sample_max_chars = samples_per_step, sample_max_chars
         self._samples_file: SamplesFile | None = None
+        self.samples_lost: list[int] = []  # steps whose samples the samples file could not take
         check_total_steps(total_steps)
         self._total_steps = total_steps
         self._build()
@@ -244,19 +247,39 @@ class MetricsCallback:
                                       run_id=self.publisher.run_id)
         path = self.publisher.journal_path
         if path is not None:
-            if self._samples_file is None:
-                self._samples_file = SamplesFile(samples_path(path))
-            self._samples_file.write(samples)
+            self._keep_samples(samples, samples_path(path))
         for sink in self.publisher.inline:
             if callable(getattr(sink, "write_samples", None)) and sink.name not in self.publisher.unstarted:
                 self.publisher.call(sink, "write_samples", samples)
         return samples
 
-    def on_run_end(self, failed: bool = False) -> None:
-        """Close every sink with the run's status (FAILED when ``failed``). Idempotent."""
+    def _keep_samples(self, samples: Samples, path: Path) -> None:
+        """Append to the samples file. Its failure (a full disk) is the samples' own, never the
+        trainer's: warned once, counted in ``publisher.failures["samples"]`` and ``samples_lost`` (the
+        steps whose samples are not in the file, hence in no tracker fed from it); training goes on
+        and the next step's samples are tried again."""
+        if self._samples_file is None:
+            self._samples_file = SamplesFile(path)
+        try:
+            self._samples_file.write(samples)
+        except OSError as exc:
+            self.samples_lost.append(samples.step)
+            failures = self.publisher.failures
+            failures["samples"] = failures.get("samples", 0) + 1
+            if len(self.samples_lost) == 1:
+                warnings.warn(f"the samples file {path} could not be written ({type(exc).__name__}: "
+                              f"{redact_text(str(exc))}): step {samples.step}'s samples are not in it, so no tracker "
+                              "fed from it shows them; training continues and later steps are tried again "
+                              "(MetricsCallback.samples_lost lists the steps)", stacklevel=user_stacklevel())
+
+    def on_run_end(self, failed: bool = False, *, error: BaseException | None = None) -> None:
+        """Close every sink with the run's status (FAILED when ``failed``). ``error``, the exception
+        that ended the run, says why: a ``KeyboardInterrupt`` (Ctrl-C) ends it ``interrupted``, any
+        other ``failed``, and its type and message (redacted) are recorded and shown by every tracker.
+        Idempotent."""
         if self._samples_file is not None:
             self._samples_file.close()
-        self.publisher.close(failed=failed)
+        self.publisher.close(failed=failed, error=error)
 
     def _reducer(self, phase: str) -> MetricReducer:
         try:
@@ -278,8 +301,8 @@ class MetricsCallback:
     def __enter__(self) -> MetricsCallback:
         return self
 
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        self.on_run_end(failed=exc_type is not None)
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        self.on_run_end(failed=exc_type is not None, error=exc)
 
 
 def build_callback(config: Mapping[str, Any]) -> MetricsCallback:

@@ -135,7 +135,7 @@ class LightningMetricsCallback(Callback):  # type: ignore[misc]
         self.metrics.on_run_end()
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        self.metrics.on_run_end(failed=True)
+        self.metrics.on_run_end(failed=True, error=exception)  # Ctrl-C: interrupted, with the reason
 
     # -- validation -------------------------------------------------------------------------------
 

@@ -148,6 +148,10 @@ INSTALL = "pip install 'posttrain-metrics[mlflow]'"
 DEFAULT_EXPERIMENT = "posttrain-metrics"
 RUN_ID_TAG = "posttrain_metrics.run_id"
 ADAPTERS_TAG = "posttrain_metrics.adapters"
+STATUS_TAG = "posttrain_metrics.status"
+"""``interrupted`` (Ctrl-C: MLflow's status says KILLED) or ``failed``, set when the run says why."""
+REASON_TAG = "posttrain_metrics.end_reason"
+"""Why the run failed or was interrupted: the exception's type and message, redacted."""
 RUN_PREFIX = "run/"
 """The run aggregates are logged at close as ``run/<key>`` metrics."""
 MLFLOW_USER_TAG = "mlflow.user"  # what MLflow's fluent API records as the run's user
@@ -648,9 +652,12 @@ class MlflowSink:
             self._queue(_Batch([frame.step], metrics, tags))
 
     # ------------------------------------------------------------------ close
-    def close(self, *, failed: bool = False, killed: bool = False) -> None:
-        """Drain, then set the status: ``FINISHED``, ``FAILED``, or ``KILLED`` for a run that never
-        closed (its trainer was killed; the publisher replayed its journal)."""
+    def close(self, *, failed: bool = False, killed: bool = False, interrupted: bool = False,
+              reason: str = "") -> None:
+        """Drain, then set the status: ``FINISHED``, ``FAILED``, or ``KILLED`` for a run that was
+        interrupted (Ctrl-C) or never closed (its trainer was killed; the publisher replayed its
+        journal). An interrupted run, or one with a ``reason`` (why it failed), is also tagged
+        ``posttrain_metrics.status`` and ``posttrain_metrics.end_reason``."""
         if self._closed:
             return
         self._closed = True
@@ -683,7 +690,7 @@ class MlflowSink:
                 "`posttrain-metrics export` replays them",
                 stacklevel=2,
             )
-        status = "KILLED" if killed else "FAILED" if failed else "FINISHED"
+        status = "KILLED" if killed or interrupted else "FAILED" if failed else "FINISHED"
         if self._degraded:
             warnings.warn(
                 f"mlflow: {redact_text(str(self.tracking_uri))} is unreachable; run {self.run_id} keeps status RUNNING "
@@ -692,6 +699,10 @@ class MlflowSink:
             )
             return
         _, _, run_tag = self._entities
+        if interrupted or reason:  # how and why it ended, where the status alone cannot say
+            word = "killed" if killed else "interrupted" if interrupted else "failed" if failed else "finished"
+            self._client.log_batch(self.run_id, tags=[run_tag(STATUS_TAG, word),
+                                                      *([run_tag(REASON_TAG, reason[:5000])] if reason else [])])
         if self._labels:  # batches may land out of order: make the tags hold the last labels
             self._client.log_batch(self.run_id, tags=[run_tag(k, v) for k, v in self._labels.items() if v])
             for tag in [k for k, v in self._labels.items() if not v]:  # no label at the end: no tag

@@ -90,8 +90,10 @@ from .factory import safe_name
 __all__ = [
     "AGGREGATE_PREFIX",
     "CONFIG_TAG",
+    "END_TAG",
     "HPARAMS_DIR",
     "INSTALL",
+    "REASON_HPARAM",
     "STATUS_HPARAM",
     "Category",
     "Chart",
@@ -108,7 +110,12 @@ AGGREGATE_PREFIX = "run/"
 CONFIG_TAG = "config"
 """Text tag of the run's config table (written at start)."""
 STATUS_HPARAM = "posttrain_metrics/status"
-"""The hparam that says how the run ended: ``finished``, ``failed`` or ``killed`` (never closed)."""
+"""The hparam that says how the run ended: ``finished``, ``failed``, ``interrupted`` or ``killed``
+(never closed)."""
+REASON_HPARAM = "posttrain_metrics/end_reason"
+"""The hparam that says why a run failed or was interrupted (the exception's type and message)."""
+END_TAG = "posttrain_metrics/end"
+"""Text tag, at the last step, saying how the run ended and why (``interrupted: KeyboardInterrupt``)."""
 
 # Doubles at or beyond this magnitude round to +/-inf in float32 (2**128 less half a float32 ulp).
 _F32_OVERFLOW = 2.0**128 * (1.0 - 2.0**-25)
@@ -427,10 +434,11 @@ class _EventFile:
     takes ~150 MB/s sustained; a 100k-step export is 200 MB). At most ``_QUEUED`` batches wait for it
     (then ``flush`` blocks: memory stays bounded); a small flush (a step's event) is written on the
     calling thread unless batches are still queued (order is kept), so a training process never hands
-    a step to another thread. A write that fails is raised by the next ``flush`` or ``close``: on the
-    calling thread its records stay pending (the next flush writes them again); on the writer thread
-    that batch is lost to the file (the journal keeps it; ``posttrain-metrics publish`` sends what the
-    log dir lacks) and the next batches are written as usual.
+    a step to another thread. A write that fails (a full disk) is raised by the next ``flush`` or
+    ``close``, on either thread. The file is written unbuffered and a failed write keeps exactly the
+    bytes that did not reach it (part of a record, possibly), which the next write sends first: when
+    the disk has room again every record is in the file once, whole and in order, never twice (a
+    buffered file kept its own copy of a failed write besides ours: a step came back 11 times).
     """
 
     def __init__(self, log_dir: Path, tb: Any) -> None:
@@ -438,8 +446,9 @@ class _EventFile:
         name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{next(_UID)}"
         self.path = log_dir / name
         self._crc = tb.crc32c
-        self._file = open(self.path, "wb")  # noqa: SIM115 - held for the run
+        self._file = open(self.path, "wb", buffering=0)  # noqa: SIM115 - held for the run
         self._pending: list[bytes] = []
+        self._unwritten = b""  # what a failed write did not get into the file: written first, next time
         self._queue: queue.Queue[bytes | None] | None = None  # the writer thread's, once started
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -461,9 +470,10 @@ class _EventFile:
         self.add(event.SerializeToString())
 
     def flush(self) -> None:
-        if self._pending:
-            self._write(b"".join(self._pending))
-            self._pending.clear()
+        if self._pending or self._unwritten:
+            data = b"".join(self._pending)
+            self._pending.clear()  # from here on, what does not reach the file is in _unwritten
+            self._write(data)
         self._raise()
 
     def _write(self, data: bytes) -> None:
@@ -478,8 +488,20 @@ class _EventFile:
                 self._thread.start()
             q.put(data)
         else:
-            self._file.write(data)  # a failed write keeps the records pending: the next flush tries again
-            self._file.flush()
+            self._write_all(data)
+
+    def _write_all(self, data: bytes) -> None:
+        """Write what an earlier failed write left, then ``data``; on a failure keep exactly the bytes
+        that did not reach the file (see the class docstring). One writer at a time: the calling
+        thread writes only when the writer thread has no batch left."""
+        data = self._unwritten + data if self._unwritten else data
+        view = memoryview(data)
+        done = 0
+        try:
+            while done < len(data):
+                done += self._file.write(view[done:]) or 0  # a raw file may take part of it
+        finally:
+            self._unwritten = data[done:]
 
     def _drain(self, q: queue.Queue[bytes | None]) -> None:
         while True:
@@ -487,9 +509,8 @@ class _EventFile:
             try:
                 if data is None:
                     return
-                self._file.write(data)
-                self._file.flush()
-            except BaseException as exc:  # that batch is lost to this file (the journal has it): raised once
+                self._write_all(data)
+            except BaseException as exc:  # kept for the next write (see _write_all): raised once
                 with self._lock:
                     self._error = self._error or exc
             finally:
@@ -817,17 +838,23 @@ class TensorBoardSink:
             self._writer.flush()
             self._unflushed = 0
 
-    def close(self, *, failed: bool = False, killed: bool = False) -> None:
+    def close(self, *, failed: bool = False, killed: bool = False, interrupted: bool = False,
+              reason: str = "") -> None:
         """Close the files and write the hparams session: status success, or failure when the run
-        failed or was killed (a run that never closed; the hparam ``posttrain_metrics/status`` tells
-        which: ``finished``, ``failed`` or ``killed``)."""
+        failed, was interrupted or was killed (a run that never closed; the hparam
+        ``posttrain_metrics/status`` tells which: ``finished``, ``failed``, ``interrupted`` or
+        ``killed``). A ``reason`` (why it failed or was interrupted) is the text ``posttrain_metrics/end``
+        at the last step and the hparam ``posttrain_metrics/end_reason``."""
         writer, self._writer = self._writer, None
         if writer is None:
             return
+        status = "killed" if killed else "interrupted" if interrupted else "failed" if failed else "finished"
+        if reason:
+            text = self._text_value(END_TAG, f"{status}: {reason}", "How the run ended, and why")
+            writer.add_event(self._event(self._last_step, time.time(), [text]))
         writer.close()  # the steps first, whatever happens next
         if self.hparams and self._run is not None and self._summary is not None and self.path is not None:
-            status = "killed" if killed else "failed" if failed else "finished"
-            self._write_hparams(self._run, self._summary, self.path, status)
+            self._write_hparams(self._run, self._summary, self.path, status, reason)
 
     # -- the publisher process ---------------------------------------------------------------------
 
@@ -879,11 +906,13 @@ class TensorBoardSink:
             tensor=self._string_tensor(layout.SerializeToString()),
         )
 
-    def _write_hparams(self, run: RunInfo, summary: RunSummary, path: Path, status: str) -> None:
+    def _write_hparams(self, run: RunInfo, summary: RunSummary, path: Path, status: str, reason: str) -> None:
         tb = self._tb
         hparams: dict[str, Scalar] = dict(run.config)
         hparams.setdefault("adapters", ",".join(run.adapters))
         hparams[STATUS_HPARAM] = status
+        if reason:
+            hparams[REASON_HPARAM] = reason
         # the session's group is named after the run (its directory: name and id)
         session_start = tb.hparams_summary.hparams_pb(hparams, trial_id=path.name, start_time_secs=run.started)
         aggregates = [

@@ -112,10 +112,17 @@ STEP_KEY = "trainer/step"
 """The one x-axis of every chart: the frame's step, logged in every row."""
 
 STATUS_KEY = "posttrain_metrics/status"
-"""Summary key saying how the run ended: ``finished``, ``failed`` or ``killed`` (never closed)."""
+"""Summary key saying how the run ended: ``finished``, ``failed``, ``interrupted`` or ``killed`` (never
+closed)."""
 
 KILLED_EXIT_CODE = 137
 """The exit code a killed run is finished with (128 + SIGKILL, as a shell reports it)."""
+
+INTERRUPTED_EXIT_CODE = 130
+"""The exit code an interrupted run (Ctrl-C) is finished with (128 + SIGINT, as a shell reports it)."""
+
+REASON_KEY = "posttrain_metrics/end_reason"
+"""Summary key saying why a run failed or was interrupted (the exception's type and message, redacted)."""
 
 RUN_PREFIX = "run/"
 """Our run aggregates live under ``run/<key>`` in the run summary."""
@@ -369,21 +376,25 @@ class WandbSink:
         if stale:
             run.summary.update(dict.fromkeys(stale))
 
-    def close(self, *, failed: bool = False, killed: bool = False) -> None:
-        """Finish the run: exit code 0, 1 when it failed, 137 (128 + SIGKILL) when it was killed (a
-        run that never closed; W&B's SDK can mark a run only finished or failed, so the summary's
-        ``posttrain_metrics/status`` says ``finished``, ``failed`` or ``killed``)."""
+    def close(self, *, failed: bool = False, killed: bool = False, interrupted: bool = False,
+              reason: str = "") -> None:
+        """Finish the run: exit code 0, 1 when it failed, 130 (128 + SIGINT) when it was interrupted,
+        137 (128 + SIGKILL) when it was killed (a run that never closed). W&B's SDK can mark a run only
+        finished (0) or failed (any other code), so the summary's ``posttrain_metrics/status`` says
+        ``finished``, ``failed``, ``interrupted`` or ``killed``, and ``posttrain_metrics/end_reason`` why
+        (the exception's type and message, when there is one)."""
         run, summary = self._run, self._summary
         if run is None:
             return
         self._run = self._summary = None
-        status = "killed" if killed else "failed" if failed else "finished"
+        status = "killed" if killed else "interrupted" if interrupted else "failed" if failed else "finished"
+        code = KILLED_EXIT_CODE if killed else INTERRUPTED_EXIT_CODE if interrupted else 1 if failed else 0
         try:
             if summary is not None and summary.frames:
                 self._push_summary(run, summary)
-            run.summary.update({STATUS_KEY: status})
+            run.summary.update({STATUS_KEY: status, **({REASON_KEY: reason} if reason else {})})
         finally:
-            run.finish(exit_code=KILLED_EXIT_CODE if killed else 1 if failed else 0)
+            run.finish(exit_code=code)
 
     def attach(self, files: Sequence[Path]) -> None:
         """Attach the run's own record (journal, config, doctor's report, dashboard) as run files under

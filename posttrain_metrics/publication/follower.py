@@ -54,11 +54,12 @@ from ..journal import JournalTail, Record, header_adapters, journal_closed, last
 from ..samples import SamplesTail, samples_path
 from .publisher import Publisher, display_frame, nonfinite_kind
 
-__all__ = ["STATUSES", "TRIM_EVERY", "JournalTail", "Pending", "Points", "Record", "Replica", "follow", "heap_trimmer",
+__all__ = ["MISSING_STEPS", "MISSING_STEP_RANGES", "STATUSES", "TRIM_EVERY", "JournalTail", "MissingSteps", "Pending", "Points", "Record", "Replica", "follow", "heap_trimmer",
            "status_path", "write_status"]
 
-STATUSES = ("finished", "failed", "killed")
-"""A run's end status: closed normally, closed because training raised, never closed (killed)."""
+STATUSES = ("finished", "failed", "interrupted", "killed")
+"""A run's end status: closed normally, closed because training raised, closed because it was
+interrupted (Ctrl-C), never closed (killed)."""
 
 
 # -- what a target already holds --------------------------------------------------------------------
@@ -121,6 +122,37 @@ def held_points(sink: Sink, run_id: str, name: str, keys: Iterable[str]) -> Poin
         return collections.Counter()
 
 
+# -- a gap in the journal, as the trackers show it ---------------------------------------------------
+
+MISSING_STEPS = "health/missing_steps"
+"""How many frames the journal misses so far (its gap records), at each gap's last step."""
+MISSING_STEP_RANGES = "health/missing_step_ranges"
+"""Which steps they are (``41-229, 300-310``): a text/tag beside :data:`MISSING_STEPS`."""
+GAP_PHASE = "health"
+"""The phase of a gap's frame: not a training phase, so that a tracker that empties a label absent from
+a later frame of the same phase (MLflow, W&B) keeps this one."""
+
+
+class MissingSteps:
+    """The gap records of a journal read so far, turned into the frame every tracker gets for each:
+    the count of frames missing and their step ranges, at the gap's last step."""
+
+    def __init__(self) -> None:
+        self.frames = 0
+        self.ranges: list[str] = []
+
+    def frame(self, gap: Mapping[str, Any]) -> Frame:
+        first, last = int(gap["first_step"]), int(gap["last_step"])
+        self.frames += int(gap["frames"])
+        self.ranges.append(str(first) if first == last else f"{first}-{last}")
+        shown = ", ".join(self.ranges)
+        if len(shown) > 500:  # a tag's worth: the latest ranges
+            shown = "... " + shown[-496:].split(", ", 1)[-1]
+        wall = gap.get("time")
+        return Frame(last, {MISSING_STEPS: self.frames, MISSING_STEP_RANGES: shown}, GAP_PHASE,
+                     float(wall) if isinstance(wall, (int, float)) else 0.0)
+
+
 # -- one sink fed from the journal --------------------------------------------------------------------
 
 
@@ -145,6 +177,8 @@ class Replica:
         self.frames = 0  # journal frames processed (sent, held already, or empty)
         self.end: str | None = None  # the status of the last end record read, None while the run goes on
         self.closed = False
+        self.gaps = MissingSteps()  # the journal's gaps so far, as the trackers show them
+        self.end_reason = ""  # the end record's reason (why the run failed or was interrupted)
 
     def ready(self) -> bool:
         """Whether the sink takes more frames now (an MLflow sink holding a full backlog does not)."""
@@ -183,17 +217,9 @@ class Replica:
             if record.kind == "frame" and record.frame is not None:
                 self.frames += 1
                 self.end = None
-                if self.publisher is None:
-                    raise MetricsError(f"{self.path}: a frame before the journal header")
-                if not record.frame.metrics:
-                    continue  # an empty window: the journal's alone (the trainer warned about it)
-                if self.pending is None or self.pending(record.frame):
-                    if self.publisher.run is None:
-                        self._start_sink()
-                    self.publisher.publish(record.frame)
-                    self.written += 1
-                else:
-                    self.skipped += 1
+                self._send(record.frame)
+            elif record.kind == "gap" and record.gap is not None:
+                self._send(self.gaps.frame(record.gap))
             elif record.kind == "header" and record.header is not None:
                 self.end = None
                 if self.publisher is None:
@@ -202,6 +228,21 @@ class Replica:
                         self._start_sink()
             elif record.kind == "end":
                 self.end = record.status
+                self.end_reason = record.reason
+
+    def _send(self, frame: Frame) -> None:
+        """One frame to the sink, unless the target holds it already."""
+        if self.publisher is None:
+            raise MetricsError(f"{self.path}: a frame before the journal header")
+        if not frame.metrics:
+            return  # an empty window: the journal's alone (the trainer warned about it)
+        if self.pending is None or self.pending(frame):
+            if self.publisher.run is None:
+                self._start_sink()
+            self.publisher.publish(frame)
+            self.written += 1
+        else:
+            self.skipped += 1
 
     def _prepare(self, header: dict[str, Any]) -> None:
         """The run's publisher and what the target already holds (read back before anything is sent)."""
@@ -213,7 +254,7 @@ class Replica:
         numeric = sorted(k for k, info in pub.keys.items() if not info.metric.labels) + sorted(
             f"{k}/{label}" for k, info in pub.keys.items() for label in info.metric.labels)
         existing = held_points(self.sink, run_id, pub.run_name,
-                               [*numeric, *(f"health/nonfinite/{k}" for k in pub.keys)])
+                               [*numeric, *(f"health/nonfinite/{k}" for k in pub.keys), MISSING_STEPS])
         self.pending = Pending(existing, pub.keys, self.sink.stores_nonfinite) if existing else None
         self.publisher = pub
 
@@ -241,7 +282,7 @@ class Replica:
         self.closed = True
         if self.publisher is not None:
             self.feed_samples()
-            self.publisher.close(status=status)
+            self.publisher.close(status=status, reason=self.end_reason if status == self.end else None)
 
     def handles(self) -> dict[str, Any]:
         """The tracker's own names for this run (W&B run id and URL, MLflow run id, log dir), redacted:

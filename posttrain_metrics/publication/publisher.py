@@ -53,12 +53,21 @@ from ..core.redact import config_tree, flatten_config, redact_text
 from ..core.reducer import AdapterSpec, resolve_adapters
 from ..core.values import Scalar
 from ..integrations.base import RunInfo, Sink, tracker_settings
-from ..journal import SAFE_RUN_ID
+from ..journal import SAFE_RUN_ID, journal_closed
 
-__all__ = ["MODES", "Publisher", "display_frame", "nonfinite_kind"]
+__all__ = ["MODES", "Publisher", "display_frame", "end_reason", "nonfinite_kind"]
 
 MODES = ("process", "thread", "inline")
 
+
+
+def end_reason(error: BaseException) -> str:
+    """Why a run ended, from the exception that ended it: its type and message, redacted (a message
+    may quote a config value), at most 1,000 characters: ``KeyboardInterrupt``, ``RuntimeError: CUDA
+    out of memory``."""
+    message = str(error).strip()
+    text = f"{type(error).__name__}: {message}" if message else type(error).__name__
+    return redact_text(text)[:1000]
 
 
 def nonfinite_kind(value: Scalar) -> str | None:
@@ -205,7 +214,7 @@ class Publisher:
         self._nonfinite: dict[tuple[str, str], int] = {}
         self._closed = False
         self.after_close = 0  # frames published after close(): warned once, not recorded
-        self._close_kw: dict[str, bool] = {}
+        self._close_kw: dict[str, frozenset[str]] = {}  # per sink, the keywords its close() takes
 
         # Which sink is written where.
         journal = next((s for s in self.sinks if s.name == "journal"), None)
@@ -323,9 +332,9 @@ class Publisher:
 
     def _at_exit(self) -> None:
         # An uncaught exception leaves sys.last_value (sys.last_exc from 3.12) set by the time
-        # interpreter exit runs this: the run failed.
+        # interpreter exit runs this: the run failed, or was interrupted (Ctrl-C), and that says why.
         crashed = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
-        self.close(failed=crashed is not None)
+        self.close(error=crashed if isinstance(crashed, BaseException) else None)
 
     def publish(self, frame: Frame) -> None:
         if not self.publishes_here():
@@ -368,21 +377,33 @@ class Publisher:
         if self.process is not None:
             self.process.check()  # a syscall at most once a second: restarts a dead publisher
 
-    def close(self, *, failed: bool = False, status: str | None = None) -> None:
-        """Close the run: ``status`` ``"finished"``, ``"failed"`` (also ``failed=True``) or
-        ``"killed"`` (a run that never closed, replayed). Inline sinks are closed at once; the
-        followers are waited for up to ``close_timeout`` seconds."""
+    def close(self, *, failed: bool = False, status: str | None = None, error: BaseException | None = None,
+              reason: str | None = None) -> None:
+        """Close the run: ``status`` ``"finished"``, ``"failed"`` (also ``failed=True``),
+        ``"interrupted"`` or ``"killed"`` (a run that never closed, replayed). ``error`` is the
+        exception that ended the run: a ``KeyboardInterrupt`` (Ctrl-C) makes the run interrupted, any
+        other failed, and its type and message, redacted, are the run's ``reason`` (the journal's end
+        record; every tracker shows it). Inline sinks are closed at once; the followers are waited for
+        up to ``close_timeout`` seconds."""
         if self._closed:
             return
         self._closed = True
         atexit.unregister(self._at_exit)
+        if error is not None:
+            status = status or ("interrupted" if isinstance(error, KeyboardInterrupt) else "failed")
+            reason = reason or end_reason(error)
         status = status or ("failed" if failed else "finished")
         if self.run is None or not self.publishes_here():
             return
         for sink in self.inline:  # the journal's end record first: the followers close on it
             if sink.name not in self.unstarted:
-                self._close_sink(sink, status)
+                self._close_sink(sink, status, reason or "")
         deadline = time.monotonic() + self.close_timeout
+        if self.journal_path is not None and (self.process or self._thread) and not journal_closed(self.journal_path):
+            # No end record (the disk is full: the journal warned, naming what is missing): a follower
+            # would wait for one in vain. It closes the trackers as killed once this process is gone.
+            self._stop.set()
+            self.process = None
         if self._thread is not None:
             self._thread.join(self.close_timeout)
             if self._thread.is_alive():
@@ -455,8 +476,8 @@ class Publisher:
             self.start()
         return self
 
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        self.close(failed=exc_type is not None)
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        self.close(failed=exc_type is not None, error=exc)
 
     def _for(self, sink: Sink, frame: Frame) -> Frame:
         stores = sink.stores_nonfinite
@@ -482,21 +503,23 @@ class Publisher:
             metrics[f"health/nonfinite/{key}"] = self._nonfinite[counter]
         return Frame(frame.step, metrics, frame.phase, frame.wall_time)
 
-    def _close_sink(self, sink: Sink, status: str) -> None:
-        if status != "killed":
-            self._call(sink, "close", failed=status == "failed")
-            return
+    def _close_sink(self, sink: Sink, status: str, reason: str) -> None:
+        """``sink.close`` with the run's end: ``failed`` for any end but ``finished``; ``killed`` or
+        ``interrupted`` and ``reason`` to a sink whose ``close`` takes them (it shows them its own way;
+        any other gets the nearest, failed)."""
         takes = self._close_kw.get(sink.name)
         if takes is None:
             try:
-                takes = "killed" in inspect.signature(sink.close).parameters
+                takes = frozenset(inspect.signature(sink.close).parameters)
             except (TypeError, ValueError):
-                takes = False
+                takes = frozenset()
             self._close_kw[sink.name] = takes
-        if takes:  # a sink that knows a killed run marks it so; any other gets the nearest: failed
-            self._call(sink, "close", failed=True, killed=True)
-        else:
-            self._call(sink, "close", failed=True)
+        kwargs: dict[str, Any] = {"failed": status != "finished"}
+        if status in ("killed", "interrupted") and status in takes:
+            kwargs[status] = True
+        if reason and "reason" in takes:
+            kwargs["reason"] = reason
+        self._call(sink, "close", **kwargs)
 
     def call(self, sink: Sink, method: str, *args: Any, **kwargs: Any) -> bool:
         """``sink.<method>(...)`` with this publisher's failure policy (warned once, never raised)."""
