@@ -284,8 +284,12 @@ class Publisher:
         self.run = run
         if self.publishes_here():
             for sink in self.inline:
-                if not self._call(sink, "start", run):
-                    self.unstarted.add(sink.name)  # warned once; its frames stay in the journal
+                try:
+                    if not self._call(sink, "start", run):
+                        self.unstarted.add(sink.name)  # warned once; its frames stay in the journal
+                except MetricsError:  # the journal refused the run (see _call): nothing started, nothing to close
+                    self.run = None
+                    raise
             if self.journal_path is not None and "journal" not in self.unstarted:
                 self._start_followers()
             atexit.register(self._at_exit)
@@ -302,7 +306,9 @@ class Publisher:
                 if sink.name != type(sink).name:  # two sinks of one kind, told apart by name
                     config["name"] = sink.name
                 configs.append(config)
-            self.process = PublisherProcess(self.journal_path, configs, imports=self.imports)
+            journal = next((s for s in self.inline if s.name == "journal"), None)
+            self.process = PublisherProcess(self.journal_path, configs, imports=self.imports,
+                                            lock=getattr(journal, "lock", None))
             self.process.start()
         if self.in_process:
             from .follower import follow
@@ -509,6 +515,10 @@ class Publisher:
         except ImportError:
             if method == "start":
                 raise  # a requested backend that is not installed is an error, never a silent degrade
+            return self._failed(sink, method, sys.exc_info()[1])
+        except MetricsError:
+            if method == "start" and sink.name == "journal":
+                raise  # the run is refused: another live run holds its journal, or a path of it leaves out_dir
             return self._failed(sink, method, sys.exc_info()[1])
         except Exception as exc:  # a tracker's failure never stops training
             return self._failed(sink, method, exc)
