@@ -3,7 +3,8 @@
 Frames go through the same :class:`~posttrain_metrics.publication.Publisher` path as live
 publication (label indicators, non-finite policy, step axis, summaries, layout), so an exported run
 looks like a live one. Export is idempotent and resumable because it reads the target back first and
-sends only the frames it does not hold yet: TensorBoard's event files in the log dir, the MLflow run
+sends only the frames it does not hold yet: TensorBoard's event files in the run's own folder
+(``<DIR>/<name>-<run id>``, so another run in ``DIR`` is neither merged with nor taken for it), the MLflow run
 tagged with the journal's run id (the run a live sink created, or a previous export), the offline W&B
 runs with the journal's run id. A point counts once per occurrence of its step, so a journal whose
 steps repeat (a resumed run) is exported faithfully too.
@@ -106,8 +107,11 @@ def _target(journal: AnyJournal, to: str, target: str | None, *, project: str | 
     if to == "tensorboard":
         from .integrations.tensorboard import TensorBoardSink
 
-        # by default the run's own directory, where a live TensorBoard sink of the callback writes it
-        log_dir = Path(target) if target else run_path(home, "tensorboard") / "{name}-{run_id}"
+        # the run's own folder: by default where a live TensorBoard sink of the callback writes it; in a
+        # folder given, its <name>-<run id> sub-folder (unless the folder names {run_id} itself), so that
+        # runs exported into one folder never merge and what is "already there" is this run's only
+        folder = Path(target) if target else run_path(home, "tensorboard")
+        log_dir = folder if "{run_id}" in str(folder) else folder / "{name}-{run_id}"
         tb_sink = TensorBoardSink(log_dir=log_dir, flush=1 << 30)  # flushed per batch and at close
         return tb_sink, str(tb_sink.resolve(str(journal.header.get("name") or ""), journal.run_id))
     if to == "mlflow":
