@@ -265,3 +265,25 @@ def test_a_users_tensorboard_py_and_mlflow_py_in_the_working_directory_do_not_st
     history = client.get_metric_history(run.info.run_id, "train/grad_norm")
     assert sorted((m.step, m.value) for m in history) == grad_norms(range(1, 5))
     assert "user own tensorboard.py" not in (out / "publisher.log").read_text()
+
+
+# -- 12. a bad out_dir is a MetricsError when the callback is built ----------------------------------
+
+
+@pytest.mark.parametrize("case", ["cannot be created", "a file", "under a file", "not writable"])
+def test_a_bad_out_dir_is_refused_when_the_callback_is_built(tmp_path: Path, case: str) -> None:
+    (tmp_path / "file").write_text("x")
+    out_dir, said = {"cannot be created": ("/proc/1/nope", "cannot be written (FileNotFoundError"),
+                     "a file": (str(tmp_path / "file"), "is a file, not a folder"),
+                     "under a file": (str(tmp_path / "file" / "run"), "is under a file"),
+                     "not writable": ("/sys", "cannot be written (PermissionError")}[case]
+    with pytest.raises(MetricsError, match=re.escape(f"out_dir={out_dir!r} {said}")) as raised:
+        MetricsCallback(adapters=["trainer"], out_dir=out_dir, sinks=[{"type": "journal"}])
+    assert "; fix: give a folder this process can create files in" in str(raised.value)
+
+
+def test_a_bad_out_dir_is_checked_only_on_the_rank_that_writes_it(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "1")  # the launcher's rank, before torch.distributed starts
+    cb = MetricsCallback(adapters=["trainer"], out_dir="/proc/1/nope", sinks=[{"type": "journal"}])
+    assert cb.out_dir == Path("/proc/1/nope") and not Path("/proc/1/nope").exists()

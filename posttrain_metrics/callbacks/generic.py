@@ -38,7 +38,7 @@ from ..core.reducer import AdapterSpec, MetricReducer, resolve_adapters
 from ..core.samples import MAX_CHARS, Histogram, Samples, check_rows, numeric_columns, pick, select
 from ..integrations.base import Sink
 from ..integrations.console import check_total_steps
-from ..integrations.factory import build_sink, check_callback, plain, safe_name
+from ..integrations.factory import build_sink, check_callback, check_writable, plain, safe_name
 from ..publication import Publisher
 from ..samples import SamplesFile, samples_path
 
@@ -93,6 +93,8 @@ class MetricsCallback:
         self.out_dir = Path(out_dir) if out_dir is not None else None
         name = safe_name(run_name) if run_name else None
         built = [build_sink(spec, out_dir=self.out_dir) for spec in sinks]
+        if distributed.global_rank() == 0:
+            self._check_folders(built)
         self._adapters = resolve_adapters(adapters)
         self._extra = normalise(plain(extra) if extra is not None else {})
         self._options: dict[str, Any] = dict(sinks=built, run_name=name, run_id=run_id, mode=publisher,
@@ -109,6 +111,17 @@ class MetricsCallback:
         self.last_frame: Frame | None = None
         self._started = False
         self._fixed = False  # the key set is fixed once a chunk is taken or the run starts
+
+    def _check_folders(self, sinks: Sequence[Sink]) -> None:
+        """``out_dir`` and the journal's folder can be written: checked at build, on the rank that will
+        write them (global rank 0, as the launcher's ``RANK`` says before torch.distributed starts),
+        so a bad folder is one clear error before training rather than a run that loses every metric.
+        Not on other ranks: they write nothing there, and on another node that path may not exist."""
+        journal = next((getattr(s, "path", None) for s in sinks if s.name == "journal"), None)
+        if self.out_dir is not None:
+            check_writable("MetricsCallback", "out_dir", self.out_dir)
+        if journal is not None and (self.out_dir is None or Path(journal).parent.resolve() != self.out_dir.resolve()):
+            check_writable("MetricsCallback", "the journal's folder", Path(journal).parent)
 
     def _build(self) -> None:
         users = user_adapters(self._extra)

@@ -26,7 +26,7 @@ from ..core.errors import MetricsError
 from ..core.redact import redact_text, redact_tree
 from .base import Sink
 
-__all__ = ["SINK_TYPES", "build_sink", "check_callback", "check_options", "check_path", "inside", "mlflow_uri", "plain", "run_path", "safe_name"]
+__all__ = ["SINK_TYPES", "build_sink", "check_callback", "check_options", "check_path", "check_writable", "inside", "mlflow_uri", "plain", "run_path", "safe_name"]
 
 SINK_TYPES: dict[str, tuple[str, str, str | None, str]] = {
     # type: (module, class, path option, default relative path)
@@ -176,6 +176,30 @@ def check_path(owner: str, field: str, value: Any, *, file: bool) -> None:
     if file and (Path(text).name in ("", ".", "..") or text.endswith(("/", os.sep)) or Path(text).is_dir()):
         raise MetricsError(f"{owner}: {field}={text!r:.80} names a folder, not a file; fix: give a file path "
                            "such as 'journal.jsonl'")
+
+
+def check_writable(owner: str, field: str, folder: Path) -> None:
+    """``folder`` exists (created if need be) and this process can create a file in it, tested by
+    creating and removing one: a :class:`MetricsError` naming the folder, what is wrong and the fix.
+    Without it, a run whose folder cannot be written trains with every metric lost and exits 0."""
+    import tempfile
+
+    problem = ""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".posttrain-metrics-write-test-", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except FileExistsError:
+        problem = "is a file, not a folder"
+    except NotADirectoryError:
+        problem = "is under a file, not a folder"
+    except OSError as exc:
+        problem = f"cannot be written ({type(exc).__name__}: {exc.strerror or exc})"
+    if problem:
+        raise MetricsError(f"{owner}: {field}={str(folder)!r:.200} {problem}; fix: give a folder this process can "
+                           "create files in (check the path, its permissions and that its file system is mounted "
+                           "read-write)")
 
 
 def mlflow_uri(uri: Any, base: Path) -> str:
