@@ -5,6 +5,7 @@ processes, kills are real SIGKILLs, trackers are read back with their own reader
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -130,6 +131,37 @@ def test_a_second_trainer_is_refused_while_a_run_is_live_and_a_killed_run_frees_
     code, err = finished(trainer(tmp_path, out, "third", 2))  # resumed after it finished: allowed
     assert code == 0, err[-2000:]
     assert [f.step for f in read_journal(journal).frames] == [1, 2, 3, 1, 2]
+
+
+def test_a_killed_runs_publisher_still_draining_holds_the_folder_until_it_exits(tmp_path: Path) -> None:
+    """The trainer is SIGKILLed while its publisher process is held (SIGSTOP: a slow drain, made for
+    real): a new run is refused, naming the publisher, so the journal it tails is never renamed under
+    it; once it has drained and exited the folder is free and nothing is mixed."""
+    out = tmp_path / "run"
+    journal = out / "journal.jsonl"
+    first = trainer(tmp_path, out, "first", 100_000, 0.02)
+    try:
+        wait_for("the first run's publisher", lambda: publisher_pid(journal) and frames_in(journal) >= 3)
+        publisher = publisher_pid(journal)
+        os.kill(publisher, signal.SIGSTOP)
+        os.kill(first.pid, signal.SIGKILL)
+        assert first.wait(10) == -signal.SIGKILL
+        code, err = finished(trainer(tmp_path, out, "second", 3))
+        assert code != 0 and f"its publisher process (pid {publisher}) is still sending" in err, err[-2000:]
+        assert read_journal(journal).run_id == "first"
+    finally:
+        if publisher_pid(journal) > 0:  # never pid 0: that would signal this test's process group
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(publisher_pid(journal), signal.SIGCONT)
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    wait_for("the publisher to drain and exit", lambda: not alive(publisher))
+    killed = [f.step for f in read_journal(journal).frames]
+    code, err = finished(trainer(tmp_path, out, "third", 2))
+    assert code == 0, err[-2000:]
+    assert tensorboard_steps(out / "tensorboard" / "r-first") == grad_norms(range(1, len(killed) + 1))
+    assert json.loads((out / "journal.first.jsonl.publisher.json").read_text())["status"] == "killed"
 
 
 # -- 9. a re-run moves everything of the previous run with its journal --------------------------------
