@@ -189,6 +189,11 @@ class RunLock:
                            "since": time.time()}) + "\n"
         os.pwrite(self.fd, line.encode(), os.fstat(self.fd).st_size)
 
+    def shared(self) -> RunLock | None:
+        """Another hold on this same lock (a duplicate descriptor), for a follower of the run that may
+        outlive this holder: the lock is free only once both are released. None once released."""
+        return RunLock(os.dup(self.fd)) if self.fd >= 0 else None
+
     def release(self) -> None:
         """This holder's part (the lock is free once every holder released it or exited)."""
         if self.fd >= 0:

@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -162,6 +163,44 @@ def test_a_killed_runs_publisher_still_draining_holds_the_folder_until_it_exits(
     assert code == 0, err[-2000:]
     assert tensorboard_steps(out / "tensorboard" / "r-first") == grad_norms(range(1, len(killed) + 1))
     assert json.loads((out / "journal.first.jsonl.publisher.json").read_text())["status"] == "killed"
+
+
+class Held:
+    """A tracker that takes its time (its write waits for ``go``): the follower thread outlives close()."""
+
+    name = "held"
+    stores_nonfinite = frozenset({"nan", "inf"})
+
+    def __init__(self) -> None:
+        self.go = threading.Event()
+
+    def start(self, run: Any) -> None:
+        pass
+
+    def write(self, frame: Any) -> None:
+        self.go.wait(120)
+
+    def close(self, *, failed: bool = False) -> None:
+        pass
+
+
+def test_in_thread_mode_the_run_holds_its_folder_until_the_follower_thread_is_done(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    held = Held()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # close_timeout passes: warned
+        with MetricsCallback(adapters=["trainer"], out_dir=out, run_id="threaded", publisher="thread",
+                             close_timeout=0.2, sinks=[{"type": "journal"}, held]) as cb:
+            cb.on_chunk_end({"grad_norm": 1.0, "learning_rate": 0.001})
+            cb.on_window_end(1)
+    assert cb.publisher._thread is not None and cb.publisher._thread.is_alive()  # still tailing the journal
+    code, err = finished(trainer(tmp_path, out, "second", 2))
+    assert code != 0 and "journal.jsonl is in use by run 'threaded'" in err, err[-2000:]
+    held.go.set()
+    cb.publisher._thread.join(60)
+    code, err = finished(trainer(tmp_path, out, "second", 2))  # the thread is done: the folder is free
+    assert code == 0, err[-2000:]
+    assert read_journal(out / "journal.threaded.jsonl").run_id == "threaded"
 
 
 # -- 9. a re-run moves everything of the previous run with its journal --------------------------------

@@ -168,7 +168,7 @@ class PublisherProcess:
         self.journal = journal
         # The run's lock, shared with each publisher process started (see RunLock): this copy is held until
         # wait() is done, so that a publisher restarted after the journal's close still inherits it.
-        self.lock = RunLock(os.dup(lock.fd)) if lock is not None and lock.fd >= 0 else None
+        self.lock = lock.shared() if lock is not None else None
         self.imports = tuple(imports)  # modules that register the run's own adapters
         self.configs = [dict(c) for c in configs]
         self.check_every = check_every

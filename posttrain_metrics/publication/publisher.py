@@ -306,12 +306,13 @@ class Publisher:
                 if sink.name != type(sink).name:  # two sinks of one kind, told apart by name
                     config["name"] = sink.name
                 configs.append(config)
-            journal = next((s for s in self.inline if s.name == "journal"), None)
-            self.process = PublisherProcess(self.journal_path, configs, imports=self.imports,
-                                            lock=getattr(journal, "lock", None))
+            self.process = PublisherProcess(self.journal_path, configs, imports=self.imports, lock=self._run_lock())
             self.process.start()
         if self.in_process:
             from .follower import follow
+
+            lock = self._run_lock()  # the follower thread holds the run (see RunLock) until it is done tailing
+            held = lock.shared() if lock is not None else None
 
             path, sinks, adapters = self.journal_path, list(self.in_process), list(self.adapters)
             report = not self.in_child  # the process reports when there is one
@@ -323,9 +324,17 @@ class Publisher:
                 except Exception as exc:  # a follower bug never stops training: the journal has all
                     warnings.warn(f"the in-process publisher stopped: {type(exc).__name__}: {exc}; the journal "
                                   f"keeps every frame: `posttrain-metrics export {path} --to ...`", stacklevel=1)
+                finally:
+                    if held is not None:
+                        held.release()
 
             self._thread = threading.Thread(target=run, name="posttrain-metrics-publisher", daemon=True)
             self._thread.start()
+
+    def _run_lock(self) -> Any:
+        """The journal's run lock (:class:`~posttrain_metrics.journal.RunLock`), when it holds one."""
+        journal = next((s for s in self.inline if s.name == "journal"), None)
+        return getattr(journal, "lock", None)
 
     def _at_exit(self) -> None:
         # An uncaught exception leaves sys.last_value (sys.last_exc from 3.12) set by the time
