@@ -51,9 +51,11 @@ class MetricsCallback:
     ``adapters`` names the catalogue adapters (``["grpo", "reward", "trainer"]``); ``sinks`` are
     sink objects or configs (``{"type": "tensorboard"}``); file-backed sinks write under
     ``out_dir``. Sinks are constructed on every rank (constructors do no I/O) but only global rank
-    0 starts and writes them. ``publisher`` says where the trackers are written: ``"process"`` (the
-    default: a publisher process tails the journal; the training thread writes only the journal and
-    console lines; ``on_run_start`` does not wait for the trackers, and their own output goes to
+    0 starts and writes them; there the callback creates ``out_dir`` and checks it can be written
+    when it is built (a bad one is a ``MetricsError`` before training, not a run with no metrics).
+    ``publisher`` says where the trackers are written: ``"process"`` (the default: a publisher process
+    tails the journal; the training thread writes only the journal and console lines; ``on_run_start``
+    does not wait for the trackers (it raises if another live run holds the journal), and their own output goes to
     ``<out_dir>/publisher.log``), ``"thread"`` (the same, on a thread of this process: no wait
     either, but the trackers' output stays on this process's streams) or ``"inline"`` (every sink on
     the calling thread: ``on_run_start`` waits for each tracker to start, seconds for MLflow's schema
