@@ -141,6 +141,7 @@ def test_a_killed_runs_publisher_still_draining_holds_the_folder_until_it_exits(
     out = tmp_path / "run"
     journal = out / "journal.jsonl"
     first = trainer(tmp_path, out, "first", 100_000, 0.02)
+    publisher = 0
     try:
         wait_for("the first run's publisher", lambda: publisher_pid(journal) and frames_in(journal) >= 3)
         publisher = publisher_pid(journal)
@@ -151,9 +152,9 @@ def test_a_killed_runs_publisher_still_draining_holds_the_folder_until_it_exits(
         assert code != 0 and f"its publisher process (pid {publisher}) is still sending" in err, err[-2000:]
         assert read_journal(journal).run_id == "first"
     finally:
-        if publisher_pid(journal) > 0:  # never pid 0: that would signal this test's process group
+        if publisher > 0:  # never pid 0: that would signal this test's process group
             with contextlib.suppress(ProcessLookupError):
-                os.kill(publisher_pid(journal), signal.SIGCONT)
+                os.kill(publisher, signal.SIGCONT)  # the one stopped (the status file may be another run's)
         if first.poll() is None:
             first.kill()
             first.wait()
