@@ -221,6 +221,12 @@ def own_writer_rate(journal: Journal, n: int, log_dir: Path) -> float:
     return len(frames) / (time.perf_counter() - t0)
 
 
+def run_folder(target: Path) -> Path:
+    """The run's own folder that ``export --to tensorboard DIR`` writes: ``DIR/<name>-<run id>``."""
+    [run] = [p for p in target.iterdir() if p.is_dir()]
+    return run
+
+
 def crc_cost(log_dir: Path, frames: int) -> tuple[float, float]:
     """Bytes per frame in the event files, and the microseconds TensorBoard's pure-Python
     CRC-32C (``tensorboard.compat.tensorflow_stub.pywrap_tensorflow.masked_crc32c``, which its
@@ -290,7 +296,7 @@ def main() -> int:
                 target = {"tensorboard": str(folder / "tb"), "mlflow-server": server,
                           "mlflow-embedded": f"sqlite:///{(folder / 'mlflow.db').as_posix()}"}[name]
                 seconds, caught, said = timed_export(source, to, target)
-                held = tensorboard_steps(Path(target)) if to == "tensorboard" else mlflow_steps(target, run_id)
+                held = tensorboard_steps(run_folder(Path(target))) if to == "tensorboard" else mlflow_steps(target, run_id)
                 figures[name] = {"frames": count, "seconds": seconds, "held": held, "warnings": caught, "said": said}
         finally:
             stop_server(proc)
@@ -301,7 +307,7 @@ def main() -> int:
         _, _, said = timed_export(opened, "tensorboard", str(root / "tb-end-to-end"))
         end_to_end = time.perf_counter() - t0
         assert f"exported {n} of {n}" in said, said
-        bytes_per_frame, crc_us = crc_cost(root / "tensorboard" / "tb", n)
+        bytes_per_frame, crc_us = crc_cost(run_folder(root / "tensorboard" / "tb"), n)
         rates = [n / figures["tensorboard"]["seconds"]]
         floors = [floor_rate(journal)]
         for r in range(1, args.repeat):

@@ -147,6 +147,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
         # step cannot; on a busy machine the scheduler serves the trainer first.
         with contextlib.suppress(OSError):
             os.nice(10)
+    _hold_run_lock()
     sinks = []
     for config in configs:
         options = dict(config)
@@ -170,6 +171,19 @@ def cmd_publish(args: argparse.Namespace) -> int:
     return 1 if result.get("failures") and not args.follow else 0
 
 
+def _hold_run_lock() -> None:
+    """A publisher process started by a trainer holds its run's lock until it exits (see
+    :class:`~posttrain_metrics.journal.RunLock`): listed as a holder, kept from its own children."""
+    from .journal import LOCK_FD_ENV, RunLock
+
+    try:
+        fd = int(os.environ.pop(LOCK_FD_ENV))
+        os.set_inheritable(fd, False)  # a tracker's helper process (wandb-core) must not keep the run locked
+        RunLock(fd).note("publisher")
+    except (KeyError, ValueError, OSError):
+        return
+
+
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
@@ -188,7 +202,9 @@ def _forward_our_warnings() -> None:
     def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
              file: Any = None, line: str | None = None) -> None:
         logged(message, category, filename, lineno, file, line)  # the log keeps every warning
-        if os.path.abspath(filename).startswith(_PACKAGE_DIR):
+        # ours: raised in the package, or named at the process's first frame, the publisher's bootstrap
+        # (``python -c``, see publication.process.BOOTSTRAP), when no frame outside the package called it
+        if filename == "<string>" or os.path.abspath(filename).startswith(_PACKAGE_DIR):
             with contextlib.suppress(OSError, ValueError):
                 stream.write(printable(f"posttrain-metrics publisher: warning: {message}") + "\n")
 

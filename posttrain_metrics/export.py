@@ -3,10 +3,15 @@
 Frames go through the same :class:`~posttrain_metrics.publication.Publisher` path as live
 publication (label indicators, non-finite policy, step axis, summaries, layout), so an exported run
 looks like a live one. Export is idempotent and resumable because it reads the target back first and
-sends only the frames it does not hold yet: TensorBoard's event files in the log dir, the MLflow run
+sends only the frames it does not hold yet: TensorBoard's event files in the run's own folder
+(``<DIR>/<name>-<run id>``, so another run in ``DIR`` is neither merged with nor taken for it), the MLflow run
 tagged with the journal's run id (the run a live sink created, or a previous export), the offline W&B
 runs with the journal's run id. A point counts once per occurrence of its step, so a journal whose
 steps repeat (a resumed run) is exported faithfully too.
+
+Default targets (beside the journal) follow the run's path rule
+(:func:`~posttrain_metrics.integrations.factory.run_path`): one reached through a symlink out of the
+journal's folder is refused.
 
 A journal opened with :func:`~posttrain_metrics.journal.open_journal` (what the command does) is read
 once to check it and once to export it, a batch of frames at a time: the export's memory does not
@@ -25,6 +30,7 @@ from typing import TypeVar, Union
 from .core.errors import MetricsError
 from .core.redact import redact_text
 from .integrations.base import Sink
+from .integrations.factory import run_path
 from .integrations.mlflow import mlflow_run
 from .journal import Journal, JournalOnDisk, Record
 from .publication.follower import STATUSES, Replica
@@ -101,14 +107,17 @@ def _target(journal: AnyJournal, to: str, target: str | None, *, project: str | 
     if to == "tensorboard":
         from .integrations.tensorboard import TensorBoardSink
 
-        # by default the run's own directory, where a live TensorBoard sink of the callback writes it
-        log_dir = Path(target) if target else home / "tensorboard" / "{name}-{run_id}"
+        # the run's own folder: by default where a live TensorBoard sink of the callback writes it; in a
+        # folder given, its <name>-<run id> sub-folder (unless the folder names {run_id} itself), so that
+        # runs exported into one folder never merge and what is "already there" is this run's only
+        folder = Path(target) if target else run_path(home, "tensorboard")
+        log_dir = folder if "{run_id}" in str(folder) else folder / "{name}-{run_id}"
         tb_sink = TensorBoardSink(log_dir=log_dir, flush=1 << 30)  # flushed per batch and at close
         return tb_sink, str(tb_sink.resolve(str(journal.header.get("name") or ""), journal.run_id))
     if to == "mlflow":
         from .integrations.mlflow import MlflowSink
 
-        uri = target or f"sqlite:///{(home / 'mlflow.db').resolve()}"
+        uri = target or f"sqlite:///{run_path(home, 'mlflow.db').resolve()}"
         _check_mlflow_uri(uri)
         experiment = _recorded(journal, "mlflow", "experiment_name", "mlflow/experiment")
         # The sink may hold every frame (a replay outruns MLflow) and close waits for all of them.
@@ -119,7 +128,7 @@ def _target(journal: AnyJournal, to: str, target: str | None, *, project: str | 
     if to == "wandb":
         from .integrations.wandb import WandbSink
 
-        directory = Path(target) if target else home
+        directory = Path(target) if target else run_path(home, "wandb").parent
         # The live run's project and entity (the journal header), unless the command names others;
         # W&B's environment variables fill what neither says, as for a live run.
         project = project or _recorded(journal, "wandb", "project", "wandb/project")

@@ -27,11 +27,14 @@ The journal is plain data, never pickle: reading one executes nothing.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
+import enum
 import json
 import math
 import os
 import re
+import socket
 import time
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
@@ -47,12 +50,14 @@ from .core.redact import flatten_config
 from .core.reducer import resolve_adapters
 from .core.values import MAX_EXACT_INT, Scalar
 from .integrations.base import RunInfo
+from .integrations.factory import run_path
 from .lines import LineFile
 
 __all__ = [
-    "BACKLOG_BYTES", "FORMAT", "SAFE_RUN_ID", "VERSION", "FramesOnDisk", "Gap", "Journal", "JournalOnDisk",
-    "JournalSink", "JournalTail", "PhaseSpan", "Record", "describe_gap", "gap_problem", "header_adapters",
-    "journal_closed", "last_header", "missing_summary", "open_journal", "read_journal",
+    "BACKLOG_BYTES", "FORMAT", "LOCK_FD_ENV", "SAFE_RUN_ID", "VERSION", "FramesOnDisk", "Gap", "Journal",
+    "JournalOnDisk", "JournalSink", "JournalTail", "PhaseSpan", "Record", "RunFile", "RunLock", "describe_gap",
+    "gap_problem", "header_adapters", "journal_closed", "last_header", "missing_summary", "open_journal",
+    "read_journal",
 ]
 
 _orjson: Any = None
@@ -126,6 +131,128 @@ def _frame_metrics(line: str | bytes, record: dict[str, Any], fast: bool) -> tup
     return record, metrics
 
 
+class RunFile(enum.Enum):
+    """The files a run keeps beside its journal, each named from the journal's file name so that they go
+    with it: a re-run that sets another run's journal aside moves every one of them with it (all but
+    the lock, which belongs to the path, not to a run). :meth:`of` applies the journal's folder rule
+    (:func:`~posttrain_metrics.integrations.factory.run_path`): one that resolves elsewhere through a
+    symlink is a :class:`MetricsError`, never written through."""
+
+    SAMPLES = "{stem}.samples.jsonl"  # the completions the run published (posttrain_metrics.samples)
+    RECORD = "{name}.record"  # the run's record folder, attached at close (publication.artifacts)
+    STATUS = "{name}.publisher.json"  # the publisher's progress and run handles (publication.follower)
+    SINKS = "{name}.sinks.json"  # the tracker sinks' configs for the publisher (publication.process)
+    LOG = "{log}"  # the publisher process's output: publisher.log beside journal.jsonl (its documented name)
+    LOCK = "{name}.lock"  # held for the run's life: one live run per journal (JournalSink.start)
+
+    def of(self, journal: Path) -> Path:
+        """This file of the journal at ``journal``."""
+        log = "publisher.log" if journal.name == "journal.jsonl" else f"{journal.stem}.publisher.log"
+        return run_path(journal.parent, self.value.format(stem=journal.stem, name=journal.name, log=log))
+
+
+_MOVED = tuple(kind for kind in RunFile if kind is not RunFile.LOCK)
+"""What a set-aside journal takes with it: everything of its run."""
+
+
+LOCK_FD_ENV = "POSTTRAIN_METRICS_LOCK_FD"
+"""The descriptor, in the publisher process, of its run's lock (:class:`RunLock`), inherited from the trainer."""
+
+
+class RunLock:
+    """One live run per journal: an exclusive ``flock`` on ``<journal>.lock`` (:class:`RunFile`).
+
+    The trainer takes it at the run's start and holds it for the run's life; its publisher process
+    inherits the descriptor (:data:`LOCK_FD_ENV`) and so holds it until it has sent the journal to the
+    trackers and exits, even after the trainer: a second run in the same place would otherwise rename
+    the journal under it and be tailed into the first run's trackers. The kernel releases the lock when
+    its last holder exits, a SIGKILLed one included, so a killed run never leaves it stuck; the file
+    stays (removing it would race a start). It holds one JSON line per holder (the trainer's pid and
+    run id, then each publisher process's pid), for the refusal to name them. Where ``fcntl`` does not
+    exist (Windows) there is no lock.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    @classmethod
+    def take(cls, path: Path, run_id: str) -> RunLock | None:
+        """The lock of ``path`` for run ``run_id``, or a :class:`MetricsError` naming the run that holds it."""
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - no flock on this platform
+            return None
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holders = _holders(fd)
+            os.close(fd)
+            raise MetricsError(_refusal(path, run_id, holders)) from None
+        os.ftruncate(fd, 0)
+        lock = cls(fd)
+        lock.note("trainer", run_id)
+        return lock
+
+    def note(self, role: str, run_id: str = "") -> None:
+        """Add this process as a holder (``trainer`` or ``publisher``), for a refused start to name it."""
+        line = json.dumps({"role": role, "pid": os.getpid(), "host": socket.gethostname(), "run_id": run_id,
+                           "since": time.time()}) + "\n"
+        os.pwrite(self.fd, line.encode(), os.fstat(self.fd).st_size)
+
+    def shared(self) -> RunLock | None:
+        """Another hold on this same lock (a duplicate descriptor), for a follower of the run that may
+        outlive this holder: the lock is free only once both are released. None once released."""
+        return RunLock(os.dup(self.fd)) if self.fd >= 0 else None
+
+    def release(self) -> None:
+        """This holder's part (the lock is free once every holder released it or exited)."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _holders(fd: int) -> list[dict[str, Any]]:
+    """The holders a lock file lists (see :class:`RunLock`); a line that is not one is skipped."""
+    found = []
+    for line in os.pread(fd, 1 << 16, 0).decode("utf-8", "replace").splitlines():
+        with contextlib.suppress(ValueError):
+            record = json.loads(line)
+            if isinstance(record, dict):
+                found.append(record)
+    return found
+
+
+def _alive(pid: Any, host: Any) -> bool | None:
+    """Whether process ``pid`` runs (None: another host's, or not known)."""
+    if not isinstance(pid, int) or host != socket.gethostname():
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # someone else's process: it exists
+        return True
+    return True
+
+
+def _refusal(path: Path, run_id: str, holders: list[dict[str, Any]]) -> str:
+    """Why a run cannot start at ``path``: which run holds it, through which process, and the fix."""
+    trainer = next((h for h in holders if h.get("role") == "trainer"), {})
+    publisher = next((h for h in reversed(holders) if h.get("role") == "publisher"), None)
+    journal = path.with_name(path.name[: -len(".lock")])
+    held = f"run {trainer.get('run_id', '?')!r} (trainer pid {trainer.get('pid', '?')} on {trainer.get('host', '?')})"
+    if _alive(trainer.get("pid"), trainer.get("host")) is False and publisher is not None:
+        how = (f"its trainer has exited and its publisher process (pid {publisher.get('pid')}) is still sending that "
+               "journal to the trackers; fix: wait until it exits (it does once every tracker has the run), or "
+               "give this run another out_dir")
+    else:
+        how = ("it is still running; fix: give this run another out_dir (or journal path), or stop that run first "
+               f"(kill {trainer.get('pid', '?')})")
+    return (f"journal {journal} is in use by {held}, so run {run_id!r} cannot start there: a second live run "
+            f"would take its journal and the two would mix (lock {path}); {how}")
+
+
 class JournalSink:
     """Appends one line per frame to ``path`` (JSONL) and flushes it.
 
@@ -161,9 +288,24 @@ class JournalSink:
         self._gap: Gap | None = None  # the frames not kept since the backlog was full
         self.gaps: list[Gap] = []  # every gap of the run, written or not: the end record lists them
         self._fault = ""  # the error of the write that failed, while writes fail
+        self.lock: RunLock | None = None
 
     def start(self, run: RunInfo) -> None:
+        """Open the journal for ``run``: refused (:class:`MetricsError`) while another run holds it
+        (:class:`RunLock`) or when one of the run's files would be written through a symlink out of
+        its folder (:class:`RunFile`); another run's journal is set aside first."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        for kind in RunFile:  # every file's rule checked before anything is written
+            kind.of(self.path)
+        if self.lock is None:
+            self.lock = RunLock.take(RunFile.LOCK.of(self.path), run.run_id)
+        try:
+            self._open(run)
+        except BaseException:
+            self._unlock()
+            raise
+
+    def _open(self, run: RunInfo) -> None:
         self._run_id = run.run_id
         self._set_aside_other_run(run.run_id)
         torn = self.path.exists() and self.path.stat().st_size > 0 and not self._ends_with_newline()
@@ -192,7 +334,9 @@ class JournalSink:
 
     def _set_aside_other_run(self, run_id: str) -> None:
         """A journal holds one run: the same run id appends (a resumed run); another run's journal
-        at this path is renamed ``<stem>.<its run id>.jsonl`` first, never mixed into."""
+        at this path is renamed ``<stem>.<its run id>.jsonl`` first, never mixed into, and every file
+        of that run (:class:`RunFile`: samples, record, status, sinks, publisher log) goes with it, so
+        the set-aside journal is whole (``export`` of it finds its completions)."""
         if not self.path.exists() or self.path.stat().st_size == 0:
             return
         with open(self.path, encoding="utf-8", errors="replace") as f:
@@ -203,15 +347,22 @@ class JournalSink:
             previous = ""
         if previous == run_id:
             return
-        stem = f"{self.path.stem}.{re.sub(r'[^A-Za-z0-9_.-]', '_', previous) or 'unknown'}"
-        target = self.path.with_name(f"{stem}{self.path.suffix}")
-        n = 1
-        while target.exists():
+        target = self._free_name(f"{self.path.stem}.{re.sub(r'[^A-Za-z0-9_.-]', '_', previous) or 'unknown'}")
+        for kind in _MOVED:  # its files first, the journal last: an interrupted move is finished by the next start
+            if os.path.lexists(kind.of(self.path)):
+                os.rename(kind.of(self.path), kind.of(target))
+        self.path.rename(target)
+        warnings.warn(f"journal {self.path} held run {previous!r}; moved it to {target.name} (with its samples, "
+                      f"record, status and publisher log) so that run {run_id!r} starts its own journal", stacklevel=3)
+
+    def _free_name(self, stem: str) -> Path:
+        """``<stem>.jsonl``, or ``<stem>.<n>.jsonl``: the first name that neither a journal nor any
+        file of one holds."""
+        target, n = self.path.with_name(f"{stem}{self.path.suffix}"), 1
+        while any(os.path.lexists(p) for p in (target, *(kind.of(target) for kind in _MOVED))):
             target = self.path.with_name(f"{stem}.{n}{self.path.suffix}")
             n += 1
-        self.path.rename(target)
-        warnings.warn(f"journal {self.path} held run {previous!r}; moved it to {target.name} so that run "
-                      f"{run_id!r} starts its own journal", stacklevel=3)
+        return target
 
     def write(self, frame: Frame) -> None:
         if self._file.closed:
@@ -336,6 +487,12 @@ class JournalSink:
                           f"{missing}; readers take the run as killed", stacklevel=3)
         finally:
             self._file.close()
+            self._unlock()
+
+    def _unlock(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
 
     def _line(self, record: Mapping[str, Any], *, sync: bool = False) -> None:
         if self._file.closed:

@@ -14,14 +14,16 @@ import warnings
 from pathlib import Path
 
 from .core.samples import Samples
+from .journal import RunFile
 from .lines import LineFile
 
 __all__ = ["SamplesFile", "SamplesTail", "read_samples", "samples_path"]
 
 
 def samples_path(journal: Path) -> Path:
-    """The samples file of the journal at ``journal``: ``journal.jsonl`` -> ``journal.samples.jsonl``."""
-    return journal.with_name(f"{journal.stem}.samples.jsonl")
+    """The samples file of the journal at ``journal``: ``journal.jsonl`` -> ``journal.samples.jsonl``
+    (:class:`~posttrain_metrics.journal.RunFile`: under the journal's folder rule, moved with it)."""
+    return RunFile.SAMPLES.of(journal)
 
 
 class SamplesFile:

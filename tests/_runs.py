@@ -242,7 +242,13 @@ class CloseCountingSink:
 def tensorboard_run(out_dir: Path) -> Path:
     """The run directory the callback's default TensorBoard sink wrote: ``out_dir/tensorboard/<name>-<run id>``
     (one per run; the test's out_dir holds one run)."""
-    [run] = [p for p in (Path(out_dir) / "tensorboard").iterdir() if p.is_dir()]
+    return only_run(Path(out_dir) / "tensorboard")
+
+
+def only_run(folder: Path) -> Path:
+    """The one run folder (``<name>-<run id>``) in a TensorBoard folder: what ``export --to tensorboard
+    DIR`` writes."""
+    [run] = [p for p in Path(folder).iterdir() if p.is_dir()]
     return run
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _runs import GRPO_ADAPTERS, grpo_run, nonfinite_frame, tensorboard_run
+from _runs import GRPO_ADAPTERS, grpo_run, nonfinite_frame, only_run, tensorboard_run
 
 from posttrain_metrics import Frame
 from posttrain_metrics.cli import main
@@ -109,11 +109,11 @@ def test_export_to_tensorboard_equals_live_and_is_idempotent(live: Path, tmp_pat
     target = tmp_path / "tb"
     assert "exported 7 of 7 frames" in export(live / "journal.jsonl", "tensorboard", str(target), capsys=capsys)
     want = tensorboard_series(tensorboard_run(live))
-    assert_series_equal(tensorboard_series(target), want)
+    assert_series_equal(tensorboard_series(only_run(target)), want)
     assert "train/kl_max" in want and 5 not in [s for s, _ in want["train/kl_max"]]  # absent stays absent
     assert math.isnan(dict(want["train/loss_avg"])[7])
     assert "nothing to export" in export(live / "journal.jsonl", "tensorboard", str(target), capsys=capsys)
-    assert_series_equal(tensorboard_series(target), want)
+    assert_series_equal(tensorboard_series(only_run(target)), want)
 
 
 def test_export_is_resumable_after_a_partial_export(live: Path, tmp_path: Path, capsys) -> None:
@@ -124,7 +124,7 @@ def test_export_is_resumable_after_a_partial_export(live: Path, tmp_path: Path, 
     target = tmp_path / "tb"
     assert "exported 3 of 3" in export(partial, "tensorboard", str(target), capsys=capsys)
     assert "exported 4 of 7 frames" in export(live / "journal.jsonl", "tensorboard", str(target), capsys=capsys)
-    assert_series_equal(tensorboard_series(target), tensorboard_series(tensorboard_run(live)))
+    assert_series_equal(tensorboard_series(only_run(target)), tensorboard_series(tensorboard_run(live)))
 
 
 def test_export_to_a_real_mlflow_server_equals_live_and_is_idempotent(live: Path, mlflow_server: str, capsys) -> None:
@@ -245,10 +245,10 @@ def test_a_long_journal_exports_every_frame_and_label_only_frames_once(tmp_path:
     pub.close()
     target = tmp_path / "tb"
     assert "exported 3001 of 3001 frames" in export(journal, "tensorboard", str(target), capsys=capsys)
-    series = tensorboard_series(target)
+    series = tensorboard_series(only_run(target))
     assert [s for s, _ in series["train/loss_avg"]] == list(range(1, 3001))
     assert "nothing to export" in export(journal, "tensorboard", str(target), capsys=capsys)
-    skipped = tensorboard_series(target)["optim/update_outcome/skipped"]
+    skipped = tensorboard_series(only_run(target))["optim/update_outcome/skipped"]
     assert [s for s, _ in skipped] == list(range(1, 3002))  # one point per step: none sent twice
     assert skipped[-1] == (3001, 1.0)
 
@@ -397,7 +397,7 @@ def test_export_reads_the_journal_a_batch_at_a_time_whatever_its_length(tmp_path
         finally:
             tracemalloc.stop()
         assert f"exported {steps} of {steps} frames" in out
-        assert [s for s, _ in tensorboard_series(tmp_path / f"tb{steps}")["train/loss_avg"]] == list(range(1, steps + 1))
+        assert [s for s, _ in tensorboard_series(only_run(tmp_path / f"tb{steps}"))["train/loss_avg"]] == list(range(1, steps + 1))
     assert peaks[12_000] - peaks[3_000] <= 2_000_000, peaks
 
 
@@ -438,4 +438,24 @@ def test_another_journal_copied_over_the_path_mid_export_is_refused(tmp_path: Pa
     shutil.copyfile(other, journal)
     with pytest.raises(MetricsError, match="rewritten since it was opened"):
         export_journal(opened, "tensorboard", str(tmp_path / "tb"), quiet=True)
-    assert not (tmp_path / "tb").exists() or not tensorboard_series(tmp_path / "tb")
+    assert not (tmp_path / "tb").exists() or not any(tensorboard_series(p) for p in (tmp_path / "tb").iterdir())
+
+
+def test_export_into_a_folder_holding_another_run_keeps_each_run_apart(tmp_path: Path, capsys) -> None:
+    """Two runs (same name, different ids) exported into one folder: each into its own <name>-<run id>
+    folder with its own values, and 'already there' is decided per run (the second is exported whole)."""
+    target = tmp_path / "tb"
+    for run_id, reward in (("run-a", 0.25), ("run-b", 0.75)):
+        journal = tmp_path / run_id / "journal.jsonl"
+        pub = Publisher([JournalSink(journal)], adapters=["validation"], run_id=run_id, run_name="same",
+                        mode="inline")
+        pub.start({})
+        for step in (1, 2):
+            pub.publish(Frame(step, {"val/reward_avg": reward * step}, "val"))
+        pub.close()
+        assert f"exported 2 of 2 frames of run {run_id}" in export(journal, "tensorboard", str(target), capsys=capsys)
+    assert sorted(p.name for p in target.iterdir()) == ["same-run-a", "same-run-b"]
+    assert tensorboard_series(target / "same-run-a")["val/reward_avg"] == [(1, 0.25), (2, 0.5)]
+    assert tensorboard_series(target / "same-run-b")["val/reward_avg"] == [(1, 0.75), (2, 1.5)]
+    assert "nothing to export" in export(tmp_path / "run-b" / "journal.jsonl", "tensorboard", str(target),
+                                         capsys=capsys)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _runs import run_ranks, tensorboard_run
+from _runs import only_run, run_ranks, tensorboard_run
 
 from posttrain_metrics import MetricReducer, MetricsError, reduce_metrics
 from posttrain_metrics.callbacks import MetricsCallback, build_callback
@@ -282,7 +282,7 @@ def test_export_and_doctor_rebuild_user_keys_from_the_journal(tmp_path: Path, ca
     _run_with_extra(out, [], "extrarun02")  # the journal only
     journal = out / "journal.jsonl"
     assert main(["export", str(journal), "--to", "tensorboard", str(tmp_path / "tb"), "--quiet"]) == 0
-    assert _user_series(_tensorboard(tmp_path / "tb")) == WANT
+    assert _user_series(_tensorboard(only_run(tmp_path / "tb"))) == WANT
     mlflow_uri = f"sqlite:///{tmp_path / 'export.db'}"
     assert main(["export", str(journal), "--to", "mlflow", mlflow_uri, "--quiet"]) == 0
     assert _user_series(_mlflow(mlflow_uri, "extrarun02")) == WANT

@@ -334,6 +334,7 @@ def test_a_resumed_journal_survives_a_line_torn_by_the_crash(tmp_path):
         first.publish(frame)
     with open(path, "a") as f:
         f.write('{"kind":"frame","run_id":"runA","st')  # killed mid-line, no end record
+    first.sinks[0].lock.release()  # the crashed process's exit releases its run lock (the kernel does)
     second = Publisher([JournalSink(path)], adapters=GRPO_ADAPTERS, run_id="runA", background=False)
     with pytest.warns(UserWarning, match="torn by a crash"):
         publish_more = second.start({})
@@ -355,7 +356,7 @@ def test_another_run_never_appends_to_a_journal(tmp_path):
         pub.publish(grpo_run(steps=1)[0])
         pub.close()
     assert read_journal(path).run_id == "second" and len(read_journal(path).frames) == 1
-    (aside,) = [p for p in tmp_path.iterdir() if p.name != "journal.jsonl"]
+    (aside,) = [p for p in tmp_path.iterdir() if p.name not in ("journal.jsonl", "journal.jsonl.lock")]  # lock: the path's
     assert len(read_journal(aside).frames) == 2
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _runs import run_ranks, tensorboard_run
+from _runs import only_run, run_ranks, tensorboard_run
 
 from posttrain_metrics import MetricsError
 from posttrain_metrics.callbacks import MetricsCallback
@@ -202,7 +202,7 @@ def test_export_replays_the_samples_file(tmp_path: Path, capsys: pytest.CaptureF
         f.write(json.dumps(foreign) + "\n")
     assert main(["export", str(out / "journal.jsonl"), "--to", "tensorboard", str(tmp_path / "tb"), "--quiet"]) == 0
     assert "2 steps of sample completions" in capsys.readouterr().out
-    events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"tensors": 0})
+    events = EventAccumulator(str(only_run(tmp_path / "tb")), size_guidance={"tensors": 0})
     events.Reload()
     texts = {e.step: e.tensor_proto.string_val[0].decode() for e in events.Tensors("samples/completions")}
     assert sorted(texts) == [1, 2] and all(f"| {row[2]} |" in texts[2] for row in want[2])

@@ -40,7 +40,7 @@ from ..core.reducer import AdapterSpec, MetricReducer, resolve_adapters
 from ..core.samples import MAX_CHARS, Histogram, Samples, check_rows, numeric_columns, pick, select
 from ..integrations.base import Sink
 from ..integrations.console import check_total_steps
-from ..integrations.factory import build_sink, check_callback, plain, safe_name
+from ..integrations.factory import build_sink, check_callback, check_writable, plain, safe_name
 from ..publication import Publisher
 from ..samples import SamplesFile, samples_path
 
@@ -53,9 +53,11 @@ class MetricsCallback:
     ``adapters`` names the catalogue adapters (``["grpo", "reward", "trainer"]``); ``sinks`` are
     sink objects or configs (``{"type": "tensorboard"}``); file-backed sinks write under
     ``out_dir``. Sinks are constructed on every rank (constructors do no I/O) but only global rank
-    0 starts and writes them. ``publisher`` says where the trackers are written: ``"process"`` (the
-    default: a publisher process tails the journal; the training thread writes only the journal and
-    console lines; ``on_run_start`` does not wait for the trackers, and their own output goes to
+    0 starts and writes them; there the callback creates ``out_dir`` and checks it can be written
+    when it is built (a bad one is a ``MetricsError`` before training, not a run with no metrics).
+    ``publisher`` says where the trackers are written: ``"process"`` (the default: a publisher process
+    tails the journal; the training thread writes only the journal and console lines; ``on_run_start``
+    does not wait for the trackers (it raises if another live run holds the journal), and their own output goes to
     ``<out_dir>/publisher.log``), ``"thread"`` (the same, on a thread of this process: no wait
     either, but the trackers' output stays on this process's streams) or ``"inline"`` (every sink on
     the calling thread: ``on_run_start`` waits for each tracker to start, seconds for MLflow's schema
@@ -95,6 +97,8 @@ class MetricsCallback:
         self.out_dir = Path(out_dir) if out_dir is not None else None
         name = safe_name(run_name) if run_name else None
         built = [build_sink(spec, out_dir=self.out_dir) for spec in sinks]
+        if distributed.global_rank() == 0:
+            self._check_folders(built)
         self._adapters = resolve_adapters(adapters)
         self._extra = normalise(plain(extra) if extra is not None else {})
         self._options: dict[str, Any] = dict(sinks=built, run_name=name, run_id=run_id, mode=publisher,
@@ -112,6 +116,17 @@ class MetricsCallback:
         self.last_frame: Frame | None = None
         self._started = False
         self._fixed = False  # the key set is fixed once a chunk is taken or the run starts
+
+    def _check_folders(self, sinks: Sequence[Sink]) -> None:
+        """``out_dir`` and the journal's folder can be written: checked at build, on the rank that will
+        write them (global rank 0, as the launcher's ``RANK`` says before torch.distributed starts),
+        so a bad folder is one clear error before training rather than a run that loses every metric.
+        Not on other ranks: they write nothing there, and on another node that path may not exist."""
+        journal = next((getattr(s, "path", None) for s in sinks if s.name == "journal"), None)
+        if self.out_dir is not None:
+            check_writable("MetricsCallback", "out_dir", self.out_dir)
+        if journal is not None and (self.out_dir is None or Path(journal).parent.resolve() != self.out_dir.resolve()):
+            check_writable("MetricsCallback", "the journal's folder", Path(journal).parent)
 
     def _build(self) -> None:
         users = user_adapters(self._extra)

@@ -26,7 +26,7 @@ from ..core.errors import MetricsError
 from ..core.redact import redact_text, redact_tree
 from .base import Sink
 
-__all__ = ["SINK_TYPES", "build_sink", "check_callback", "check_options", "check_path", "inside", "mlflow_uri", "plain", "safe_name"]
+__all__ = ["SINK_TYPES", "build_sink", "check_callback", "check_options", "check_path", "check_writable", "inside", "mlflow_uri", "plain", "run_path", "safe_name"]
 
 SINK_TYPES: dict[str, tuple[str, str, str | None, str]] = {
     # type: (module, class, path option, default relative path)
@@ -78,19 +78,33 @@ def safe_name(name: str) -> str:
     return cleaned or "run"
 
 
-def inside(base: Path, relative: str | os.PathLike[str], *, what: str) -> Path:
-    """``base / relative``, refusing any path that resolves outside ``base``."""
+_GIVE_INSIDE = "give a path inside the output folder, or an absolute path on purpose"
+
+
+def inside(base: Path, relative: str | os.PathLike[str], *, what: str, fix: str = _GIVE_INSIDE) -> Path:
+    """``base / relative``, refusing any path that resolves outside ``base`` (``../``, or a symlink
+    on the way that points elsewhere): the one rule for every path a run writes."""
     path = Path(relative)
     if path.is_absolute():
         return path
     resolved = (base / path).resolve()
     root = base.resolve()
     if resolved != root and root not in resolved.parents:
-        raise MetricsError(
-            f"{what} {str(relative)!r} resolves to {resolved}, outside the output folder {root}; "
-            "fix: give a path inside the output folder, or an absolute path on purpose"
-        )
+        raise MetricsError(f"{what} {str(relative)!r} resolves to {resolved}, outside the output folder {root}; "
+                           f"fix: {fix}")
     return resolved
+
+
+def run_path(folder: Path, relative: str | os.PathLike[str]) -> Path:
+    """``folder / relative``, a path the run writes, under the journal's rule (:func:`inside`): one that
+    resolves elsewhere (a symlink planted at it or on the way) is a :class:`MetricsError`, so a run
+    never writes another folder's files through it. Every file of a run derived from the journal's
+    path, the MLflow store and the TensorBoard run folder go through here. Returned as built, not
+    resolved."""
+    path = folder / relative
+    inside(folder, relative, what=f"the run's file {path}:",
+           fix="remove or rename what is at that path (the run writes it), or give the run another out_dir")
+    return path
 
 
 def _matches(value: Any, hint: Any) -> bool | None:
@@ -162,6 +176,30 @@ def check_path(owner: str, field: str, value: Any, *, file: bool) -> None:
     if file and (Path(text).name in ("", ".", "..") or text.endswith(("/", os.sep)) or Path(text).is_dir()):
         raise MetricsError(f"{owner}: {field}={text!r:.80} names a folder, not a file; fix: give a file path "
                            "such as 'journal.jsonl'")
+
+
+def check_writable(owner: str, field: str, folder: Path) -> None:
+    """``folder`` exists (created if need be) and this process can create a file in it, tested by
+    creating and removing one: a :class:`MetricsError` naming the folder, what is wrong and the fix.
+    Without it, a run whose folder cannot be written trains with every metric lost and exits 0."""
+    import tempfile
+
+    problem = ""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".posttrain-metrics-write-test-", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except FileExistsError:
+        problem = "is a file, not a folder"
+    except NotADirectoryError:
+        problem = "is under a file, not a folder"
+    except OSError as exc:
+        problem = f"cannot be written ({type(exc).__name__}: {exc.strerror or exc})"
+    if problem:
+        raise MetricsError(f"{owner}: {field}={str(folder)!r:.200} {problem}; fix: give a folder this process can "
+                           "create files in (check the path, its permissions and that its file system is mounted "
+                           "read-write)")
 
 
 def mlflow_uri(uri: Any, base: Path) -> str:

@@ -141,6 +141,7 @@ from ..core.frame import Frame
 from ..core.redact import param_text, redact_text
 from ..core.summary import RunSummary
 from .base import Points, RunInfo
+from .factory import run_path
 
 __all__ = ["MlflowSink"]
 
@@ -574,7 +575,8 @@ class MlflowSink:
         if env:
             return env, False
         self.dir.mkdir(parents=True, exist_ok=True)
-        return "sqlite:///" + (self.dir.resolve() / "mlflow.db").as_posix(), True
+        store = run_path(self.dir, "mlflow.db")  # the journal's rule: a symlink out of dir is refused
+        return "sqlite:///" + store.resolve().as_posix(), True
 
     def _configure_http(self) -> None:
         settings = ((HTTP_MAX_RETRIES, self.http_max_retries), (HTTP_TIMEOUT, self.http_timeout),

@@ -85,7 +85,7 @@ from ..core.reduction import Reduction
 from ..core.summary import RunSummary
 from ..core.values import Scalar
 from .base import Points, RunInfo
-from .factory import safe_name
+from .factory import run_path, safe_name
 
 __all__ = [
     "AGGREGATE_PREFIX",
@@ -735,8 +735,19 @@ class TensorBoardSink:
                                for part in template.split("{name}"))
             found = [Path(p) for p in glob.glob(pattern) if Path(p).is_dir()]
             if len(found) == 1:
-                return found[0]
-        return path
+                return self._kept_in(template, found[0])
+        return self._kept_in(template, path)
+
+    @staticmethod
+    def _kept_in(template: str, path: Path) -> Path:
+        """``path`` checked by the journal's rule (:func:`~posttrain_metrics.integrations.factory.run_path`):
+        the run's folder, filled in from the template, may not lead out of the template's own folder
+        through a symlink planted at it."""
+        if "{" not in template:
+            return path  # an explicit folder, taken as given
+        fixed = template.split("{", 1)[0]
+        root = Path(fixed) if fixed.endswith(("/", os.sep)) else Path(fixed).parent
+        return run_path(root, path.relative_to(root))
 
     def write(self, frame: Frame) -> None:
         """One event per frame, encoded directly (see :class:`_Encoding`): a frame with the keys of an

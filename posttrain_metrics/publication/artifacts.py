@@ -31,8 +31,11 @@ ARTIFACT_DIR = "posttrain_metrics"
 
 
 def record_dir(journal: Path) -> Path:
-    """Where the record of the journal at ``journal`` is written: ``<journal>.record/``."""
-    return journal.with_name(journal.name + ".record")
+    """Where the record of the journal at ``journal`` is written: ``<journal>.record/``
+    (:class:`~posttrain_metrics.journal.RunFile`: a symlink planted there is refused, never written through)."""
+    from ..journal import RunFile
+
+    return RunFile.RECORD.of(journal)
 
 
 def _atomic(path: Path, data: bytes) -> None:

@@ -50,7 +50,7 @@ from ..core.frame import Frame
 from ..core.keys import KeyInfo
 from ..core.redact import redact_tree
 from ..integrations.base import Points, Sink
-from ..journal import JournalTail, Record, header_adapters, journal_closed, last_header
+from ..journal import JournalTail, Record, RunFile, header_adapters, journal_closed, last_header
 from ..samples import SamplesTail, samples_path
 from .publisher import Publisher, display_frame, nonfinite_kind
 
@@ -295,8 +295,9 @@ class Replica:
 
 
 def status_path(journal: Path) -> Path:
-    """Where the publisher reports its progress and the trackers' run ids: ``<journal>.publisher.json``."""
-    return journal.with_name(journal.name + ".publisher.json")
+    """Where the publisher reports its progress and the trackers' run ids: ``<journal>.publisher.json``
+    (:class:`~posttrain_metrics.journal.RunFile`)."""
+    return RunFile.STATUS.of(journal)
 
 
 def write_status(path: Path, status: Mapping[str, Any]) -> None:

@@ -1,10 +1,12 @@
 """The publisher process, seen from the trainer: start it, notice when it dies, restart it, wait for it.
 
 The trainer writes the tracker sinks' configs next to the journal (``<journal>.sinks.json``, mode
-0600: a sink's options may hold a tracking URI with a password) and starts
-``python -m posttrain_metrics.cli publish <journal> --follow --parent-pid <trainer pid>`` in its own
-session (a Ctrl-C to the trainer's terminal does not reach it: it must outlive a trainer that dies
-to drain the journal and mark the run killed). Its stdout and stderr (the trackers' banners, INFO
+0600: a sink's options may hold a tracking URI with a password) and starts ``posttrain-metrics publish
+<journal> --follow --parent-pid <trainer pid>`` (through :data:`BOOTSTRAP`, not ``python -m``: it runs
+only the package's code, never a file of the working directory) in its own session (a Ctrl-C to the
+trainer's terminal does not reach it: it must outlive a trainer that dies to drain the journal and mark
+the run killed). It inherits the run's lock (:class:`~posttrain_metrics.journal.RunLock`) and holds it
+until it exits. Its stdout and stderr (the trackers' banners, INFO
 logs and warnings) go to ``publisher.log`` beside the journal (:func:`log_path`); our own warnings
 are also forwarded to the trainer's stderr, one line each, through a duplicate of that stream whose
 descriptor the child finds in ``POSTTRAIN_METRICS_WARNINGS_FD``. ``check`` (called after each journal line, a syscall at most once a second) warns
@@ -18,6 +20,7 @@ machine, and for the drain at the run's end.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shlex
@@ -30,8 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import user_stacklevel
+from ..journal import LOCK_FD_ENV, RunFile, RunLock
 
-__all__ = ["MAX_RESTARTS", "WARNINGS_FD_ENV", "PublisherProcess", "log_path", "sinks_path", "yield_cpu"]
+__all__ = ["BOOTSTRAP", "MAX_RESTARTS", "WARNINGS_FD_ENV", "PublisherProcess", "log_path", "sinks_path", "yield_cpu"]
 
 MAX_RESTARTS = 10
 """A publisher that keeps dying (a bug, a tracker that crashes it) is restarted this many times."""
@@ -42,8 +46,9 @@ WARNINGS_FD_ENV = "POSTTRAIN_METRICS_WARNINGS_FD"
 
 
 def log_path(journal: Path) -> Path:
-    """The publisher process's output (the trackers' own chatter): ``publisher.log`` beside the journal."""
-    return journal.with_name("publisher.log")
+    """The publisher process's output (the trackers' own chatter): ``publisher.log`` beside
+    ``journal.jsonl``, ``<stem>.publisher.log`` beside any other journal (:class:`~posttrain_metrics.journal.RunFile`)."""
+    return RunFile.LOG.of(journal)
 
 
 def _threads() -> list[int]:
@@ -105,17 +110,65 @@ def yield_cpu(idle: bool) -> bool:
     return changed
 
 
+BOOTSTRAP = """\
+import sys
+if not getattr(sys.flags, "safe_path", False):  # -P, PYTHONSAFEPATH (3.11+): no implicit entry to remove
+    del sys.path[0]  # -c's implicit '': the trainer's working directory, where a tensorboard.py is not ours
+from importlib.machinery import PathFinder
+args = sys.argv[1:]
+pins = {}
+while args[0] != "--":
+    name, _, where = args.pop(0).partition("=")
+    pins[name] = where
+class Pinned:
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        return PathFinder.find_spec(name, [pins[name]]) if name in pins else None
+sys.meta_path.insert(0, Pinned)
+from posttrain_metrics.cli import main
+sys.exit(main(args[1:]))
+"""
+"""How the publisher process starts: ``python -c BOOTSTRAP name=folder ... -- <cli arguments>``. Not
+``python -m``, which puts the working directory first on ``sys.path``: a ``tensorboard.py`` or
+``mlflow.py`` of the user's there would be imported instead of the tracker, which would silently stop.
+The bootstrap drops that implicit entry (``-P`` alone needs Python 3.11) and keeps the rest
+(``PYTHONPATH``, site-packages); the package itself and the modules of ``imports`` are found in the
+folder the trainer imported them from ("pins", whatever the working directory), so the publisher runs
+the trainer's own copy of the package."""
+
+
+def _locations(modules: Sequence[str]) -> dict[str, str]:
+    """The folder holding each module's top-level package or module, as this process finds it; a
+    module not found (the publisher's ``--import`` then says so) or without a single folder (a
+    namespace package) is not pinned."""
+    found: dict[str, str] = {}
+    for module in modules:
+        top = module.split(".")[0]
+        try:
+            spec = importlib.util.find_spec(top)
+        except (ImportError, ValueError):
+            continue
+        if spec is None or not spec.has_location or spec.origin is None:
+            continue
+        origin = Path(spec.origin).parent
+        found[top] = str(origin.parent if spec.submodule_search_locations is not None else origin)
+    return found
+
+
 def sinks_path(journal: Path) -> Path:
-    """The tracker sinks of a run, as configs: ``<journal>.sinks.json``."""
-    return journal.with_name(journal.name + ".sinks.json")
+    """The tracker sinks of a run, as configs: ``<journal>.sinks.json`` (:class:`~posttrain_metrics.journal.RunFile`)."""
+    return RunFile.SINKS.of(journal)
 
 
 class PublisherProcess:
     """One publisher process for the journal at ``journal`` and the sinks ``configs``."""
 
     def __init__(self, journal: Path, configs: Sequence[Mapping[str, Any]], *, check_every: float = 1.0,
-                 imports: Sequence[str] = ()) -> None:
+                 imports: Sequence[str] = (), lock: RunLock | None = None) -> None:
         self.journal = journal
+        # The run's lock, shared with each publisher process started (see RunLock): this copy is held until
+        # wait() is done, so that a publisher restarted after the journal's close still inherits it.
+        self.lock = lock.shared() if lock is not None else None
         self.imports = tuple(imports)  # modules that register the run's own adapters
         self.configs = [dict(c) for c in configs]
         self.check_every = check_every
@@ -149,9 +202,14 @@ class PublisherProcess:
 
     def _spawn(self) -> None:
         imports = [arg for module in self.imports for arg in ("--import", module)]
-        cmd = [sys.executable, "-m", "posttrain_metrics.cli", *imports, "publish", str(self.journal), "--follow",
+        pins = [f"{name}={where}" for name, where in _locations(("posttrain_metrics", *self.imports)).items()]
+        cmd = [sys.executable, "-c", BOOTSTRAP, *pins, "--", *imports, "publish", str(self.journal), "--follow",
                "--parent-pid", str(os.getpid())]
         env, fds = dict(os.environ), []
+        env.pop(LOCK_FD_ENV, None)
+        held = [self.lock.fd] if self.lock is not None and self.lock.fd >= 0 else []
+        if held:
+            env[LOCK_FD_ENV] = str(held[0])
         # A trainer that uses W&B itself has its own wandb-core, whose address wandb leaves in
         # WANDB_SERVICE for its children: the publisher must start its own, or a killed trainer would
         # take the publisher's W&B connection down with it (and the drain could not finish W&B).
@@ -164,7 +222,7 @@ class PublisherProcess:
         try:
             with open(log_path(self.journal), "ab") as log:  # appended: a restarted publisher adds to it
                 self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                             start_new_session=True, pass_fds=fds, env=env)
+                                             start_new_session=True, pass_fds=[*fds, *held], env=env)
         finally:
             for fd in fds:
                 os.close(fd)
@@ -197,7 +255,15 @@ class PublisherProcess:
                           f"keeps every frame: `{self.command()}` publishes them", stacklevel=user_stacklevel())
 
     def wait(self, timeout: float) -> bool:
-        """Wait for the publisher to close the trackers (it does on the journal's end record)."""
+        """Wait for the publisher to close the trackers (it does on the journal's end record); then this
+        process's part of the run's lock is released (a publisher still running keeps holding it)."""
+        try:
+            return self._wait(timeout)
+        finally:
+            if self.lock is not None:
+                self.lock.release()
+
+    def _wait(self, timeout: float) -> bool:
         self._closing = True
         if self.proc is None:
             return True

@@ -293,8 +293,12 @@ class Publisher:
         self.run = run
         if self.publishes_here():
             for sink in self.inline:
-                if not self._call(sink, "start", run):
-                    self.unstarted.add(sink.name)  # warned once; its frames stay in the journal
+                try:
+                    if not self._call(sink, "start", run):
+                        self.unstarted.add(sink.name)  # warned once; its frames stay in the journal
+                except MetricsError:  # the journal refused the run (see _call): nothing started, nothing to close
+                    self.run = None
+                    raise
             if self.journal_path is not None and "journal" not in self.unstarted:
                 self._start_followers()
             atexit.register(self._at_exit)
@@ -311,10 +315,13 @@ class Publisher:
                 if sink.name != type(sink).name:  # two sinks of one kind, told apart by name
                     config["name"] = sink.name
                 configs.append(config)
-            self.process = PublisherProcess(self.journal_path, configs, imports=self.imports)
+            self.process = PublisherProcess(self.journal_path, configs, imports=self.imports, lock=self._run_lock())
             self.process.start()
         if self.in_process:
             from .follower import follow
+
+            lock = self._run_lock()  # the follower thread holds the run (see RunLock) until it is done tailing
+            held = lock.shared() if lock is not None else None
 
             path, sinks, adapters = self.journal_path, list(self.in_process), list(self.adapters)
             report = not self.in_child  # the process reports when there is one
@@ -326,9 +333,17 @@ class Publisher:
                 except Exception as exc:  # a follower bug never stops training: the journal has all
                     warnings.warn(f"the in-process publisher stopped: {type(exc).__name__}: {exc}; the journal "
                                   f"keeps every frame: `posttrain-metrics export {path} --to ...`", stacklevel=1)
+                finally:
+                    if held is not None:
+                        held.release()
 
             self._thread = threading.Thread(target=run, name="posttrain-metrics-publisher", daemon=True)
             self._thread.start()
+
+    def _run_lock(self) -> Any:
+        """The journal's run lock (:class:`~posttrain_metrics.journal.RunLock`), when it holds one."""
+        journal = next((s for s in self.inline if s.name == "journal"), None)
+        return getattr(journal, "lock", None)
 
     def _at_exit(self) -> None:
         # An uncaught exception leaves sys.last_value (sys.last_exc from 3.12) set by the time
@@ -532,6 +547,10 @@ class Publisher:
         except ImportError:
             if method == "start":
                 raise  # a requested backend that is not installed is an error, never a silent degrade
+            return self._failed(sink, method, sys.exc_info()[1])
+        except MetricsError:
+            if method == "start" and sink.name == "journal":
+                raise  # the run is refused: another live run holds its journal, or a path of it leaves out_dir
             return self._failed(sink, method, sys.exc_info()[1])
         except Exception as exc:  # a tracker's failure never stops training
             return self._failed(sink, method, exc)
