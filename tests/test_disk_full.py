@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from _faults import run_child
+from _runs import only_run
 from mlflow.tracking import MlflowClient
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -135,7 +136,7 @@ def test_a_backlog_of_five_lines_holds_five_frames_then_the_rest_is_a_gap_that_e
     assert lines.index("gap") == 1 + 45  # after the header and the frames kept, before step 180
     assert export(open_journal(path), "tensorboard", str(tmp_path / "tb"), quiet=True) == 0
     assert export(open_journal(path), "tensorboard", str(tmp_path / "tb"), quiet=True) == 0  # again: nothing new
-    acc = EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0})
+    acc = EventAccumulator(str(only_run(tmp_path / "tb")), size_guidance={"scalars": 0})
     acc.Reload()
     assert [(e.step, e.value) for e in acc.Scalars(MISSING_STEPS)] == [(179, 35.0)]
     assert [e.step for e in acc.Scalars("train/grad_norm")] == [*range(100, 145), *range(180, 200)]
