@@ -26,7 +26,6 @@ import json
 import math
 import os
 import re
-import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
@@ -39,6 +38,7 @@ from .core.keys import KeyInfo, describe
 from .core.redact import flatten_config
 from .core.reducer import resolve_adapters
 from .core.values import MAX_EXACT_INT, Scalar
+from .core.warn import warn as emit_warning
 from .integrations.base import RunInfo
 
 __all__ = [
@@ -182,8 +182,8 @@ class JournalSink:
             target = self.path.with_name(f"{stem}.{n}{self.path.suffix}")
             n += 1
         self.path.rename(target)
-        warnings.warn(f"journal {self.path} held run {previous!r}; moved it to {target.name} so that run "
-                      f"{run_id!r} starts its own journal", stacklevel=3)
+        emit_warning(f"journal {self.path} held run {previous!r}; moved it to {target.name} so that run "
+                     f"{run_id!r} starts its own journal", stacklevel=3)
 
     def write(self, frame: Frame) -> None:
         metrics = frame.metrics
@@ -567,7 +567,7 @@ def _frames(p: Path, found: _Pass, *, size: int | None = None, identity: tuple[i
     def note(text: str) -> None:
         found.notes.append(text)
         if warn:
-            warnings.warn(text, stacklevel=stacklevel)  # the caller of read_journal / open_journal
+            emit_warning(text, stacklevel=stacklevel)  # the caller of read_journal / open_journal
 
     for number, line, unterminated in _lines(p, size, identity):
         try:

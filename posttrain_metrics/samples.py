@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-import warnings
 from pathlib import Path
 from typing import IO
 
 from .core.samples import Samples
+from .core.warn import warn
 
 __all__ = ["SamplesFile", "SamplesTail", "read_samples", "samples_path"]
 
@@ -77,8 +77,8 @@ class SamplesTail:
             try:
                 out.append(Samples.from_record(json.loads(line)))
             except (ValueError, KeyError, TypeError) as exc:  # one bad line never stops the others
-                warnings.warn(f"{self.path}: skipped a samples line that is not one ({exc!r:.120})", stacklevel=2)
+                warn(f"{self.path}: skipped a samples line that is not one ({exc!r:.120})", stacklevel=2)
         self.offset += end
         if final and data[end:].strip():
-            warnings.warn(f"{self.path}: skipped a torn last line (the writer stopped mid-line)", stacklevel=2)
+            warn(f"{self.path}: skipped a torn last line (the writer stopped mid-line)", stacklevel=2)
         return out

@@ -257,3 +257,82 @@ def test_a_shared_sub_object_used_twice_is_not_a_cycle(tmp_path: Any) -> None:
     callback = MetricsCallback(adapters=["grpo"], sinks=[{"type": "memory"}], out_dir=tmp_path)
     callback.on_run_start(config)
     callback.on_run_end()
+
+
+# -- every line the package prints or logs passes one choke point ------------------------------------------
+
+
+def test_no_module_warns_but_through_the_redacting_door() -> None:
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "posttrain_metrics"
+    direct = [str(p.relative_to(root)) for p in root.rglob("*.py")
+              if "warnings.warn(" in p.read_text() and p.name != "warn.py"]
+    assert direct == [], f"these call warnings.warn themselves, unredacted: {direct}"
+
+
+def test_the_read_back_warning_redacts_a_tracking_uri_password() -> None:
+    import warnings
+
+    from posttrain_metrics.integrations import MemorySink
+    from posttrain_metrics.publication.follower import held_points
+
+    secret = "Pw25-read-back-password"
+
+    class Unreadable(MemorySink):
+        name = "mlflow"
+
+        def held_points(self, run_id: str, name: str, keys: Any) -> Any:
+            raise ConnectionError(f"API request to http://alice:{secret}@127.0.0.1:9/api/2.0/mlflow/runs/search failed")
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert not held_points(Unreadable(), "run01", "r", ["train/kl_max"])
+    (text,) = [str(w.message) for w in caught]
+    assert "could not read back" in text and f"http://alice:{REDACTED}@127.0.0.1:9" in text, text
+    assert secret not in text
+
+
+def test_lines_leaving_the_publisher_process_are_redacted_whole() -> None:
+    import io
+
+    from posttrain_metrics.publication.output import RedactedLines
+
+    out = io.StringIO()
+    stream = RedactedLines(out)  # type: ignore[arg-type]
+    stream.write("WARNING mlflow: could not reach https://bob:")  # a line written in pieces
+    stream.write("Pw25-pieces@mlflow.internal/api\nnext line, no newline yet: token=Pw25-tail")
+    assert out.getvalue() == f"WARNING mlflow: could not reach https://bob:{REDACTED}@mlflow.internal/api\n"
+    stream.flush()
+    assert out.getvalue().endswith(f"next line, no newline yet: token={REDACTED}") and "Pw25" not in out.getvalue()
+
+
+def test_the_publisher_process_log_is_private_and_holds_no_uri_password(
+    tmp_path: Any, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The real publisher process, with an MLflow server that does not answer behind a tracking URI
+    that holds a password: its warnings on the trainer's stderr and in publisher.log are redacted,
+    and publisher.log is readable by its owner only (0600), like sinks.json."""
+    import os
+    import stat
+
+    from _mlflow_server import free_port
+
+    from posttrain_metrics.callbacks import MetricsCallback
+
+    secret = "Pw25-process-uri-password"
+    out = tmp_path / "run"
+    uri = f"http://alice:{secret}@127.0.0.1:{free_port()}"
+    cb = MetricsCallback(adapters=["trainer"], out_dir=out, run_name="private", close_timeout=240,
+                         sinks=[{"type": "journal"}, {"type": "mlflow", "tracking_uri": uri, "http_max_retries": 0,
+                                                      "http_timeout": 2, "drain_timeout": 1}])
+    with cb:
+        cb.on_run_start({"lr": 0.1})
+        cb.on_chunk_end({"grad_norm": 1.0, "update_outcome": "applied", "updates_applied": 1})
+        cb.on_window_end(1)
+    captured = capfd.readouterr()
+    log = out / "publisher.log"
+    text = log.read_text()
+    assert "could not read back" in captured.err + text and REDACTED in text, (captured.err, text)
+    assert secret not in captured.err + captured.out and secret not in text
+    assert stat.S_IMODE(os.stat(log).st_mode) == 0o600

@@ -34,6 +34,7 @@ from ..core.errors import MetricsError
 from ..core.extra import check_disjoint, normalise, user_adapters
 from ..core.frame import Frame
 from ..core.layout import RefusedChunk
+from ..core.redact import redact_text
 from ..core.reducer import AdapterSpec, MetricReducer, resolve_adapters
 from ..core.samples import MAX_CHARS, Histogram, Samples, check_rows, numeric_columns, pick, select
 from ..integrations.base import Sink
@@ -91,7 +92,7 @@ class MetricsCallback:
         adapters, sinks = plain(adapters), plain(sinks)
         check_callback(adapters=adapters, sinks=sinks, out_dir=out_dir, run_name=run_name)
         self.out_dir = Path(out_dir) if out_dir is not None else None
-        name = safe_name(run_name) if run_name else None
+        name = safe_name(redact_text(run_name)) if run_name else None  # redacted before it is mangled
         built = [build_sink(spec, out_dir=self.out_dir) for spec in sinks]
         self._adapters = resolve_adapters(adapters)
         self._extra = normalise(plain(extra) if extra is not None else {})

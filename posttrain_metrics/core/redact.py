@@ -123,7 +123,17 @@ _TOKEN_PREFIXES = (
     r"dapi(?=[0-9a-f]{32})", r"dkea(?=[0-9a-f]{32})", r"dckr_pat_", r"pplx-", r"gsk_", r"r8_", r"lsv2_(?:pt|sk)_",
     r"nvapi-", r"hvs\.", r"ya29\.", r"sntrys_", r"glc_", r"ATATT", r"LTAI",
 )
-_PROVIDER_TOKEN = re.compile(r"(?<![A-Za-z0-9_.-])(?:" + "|".join(_TOKEN_PREFIXES) + r")[A-Za-z0-9_.=-]{12,}")
+_PROVIDER_TOKEN = re.compile(r"(?<![A-Za-z0-9])(?:" + "|".join(_TOKEN_PREFIXES) + r")[A-Za-z0-9_.=-]{12,}")
+_SNAKE_NAME = re.compile(r"[a-z0-9]+(?:[_.-][a-z0-9]+)+")  # hf_dataset_name: a name, not a token
+
+
+def _provider_token(match: re.Match[str]) -> str:
+    """A provider token replaced; after a separator (``run-hf_...``, ``grpo_hf_...``) only when it
+    is not a lower-case snake_case name that happens to start like one (``my_hf_dataset_cache``)."""
+    start = match.start()
+    if start > 0 and match.string[start - 1] in "_.-" and _SNAKE_NAME.fullmatch(match[0]):
+        return match[0]
+    return REDACTED
 _JWT = re.compile(r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*")
 _SLACK_WEBHOOK = re.compile(r"hooks\.slack\.com/(?:services|workflows|triggers)/[^\s\"'<>]+", re.IGNORECASE)
 _AUTH_SCHEME = re.compile(r"(?<![A-Za-z0-9_-])(Bearer|Basic|Token|Digest|Negotiate)\s+[^\s\"',;]{8,}",
@@ -311,7 +321,7 @@ def redact_text(text: str) -> str:
     text = _pem(text)
     if "hooks.slack.com" in lower:
         text = _SLACK_WEBHOOK.sub(REDACTED, text)
-    text = _PROVIDER_TOKEN.sub(REDACTED, text)
+    text = _PROVIDER_TOKEN.sub(_provider_token, text)
     if "eyJ" in text:
         text = _JWT.sub(REDACTED, text)
     if any(w in lower for w in ("bearer", "basic", "token", "digest", "negotiate")):

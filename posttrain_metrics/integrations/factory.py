@@ -22,8 +22,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..core.errors import MetricsError
 from ..core.cycles import Cycles
+from ..core.errors import MetricsError
 from ..core.redact import key_text, redact_text, redact_tree
 from .base import Sink
 
