@@ -121,7 +121,7 @@ _TOKEN_PREFIXES = (
     r"glpat-", r"gl(?:ptt|dt|rt|soat|cbt)-", r"AIza", r"(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA)", r"xox[abprse]-",
     r"npm_", r"pypi-", r"dop_v1_", r"shp(?:at|ss|ca|pa)_", r"SG\.", r"xai-", r"sq0(?:atp|csp)-",
     r"dapi(?=[0-9a-f]{32})", r"dkea(?=[0-9a-f]{32})", r"dckr_pat_", r"pplx-", r"gsk_", r"r8_", r"lsv2_(?:pt|sk)_",
-    r"nvapi-", r"hvs\.", r"ya29\.", r"sntrys_", r"glc_", r"ATATT", r"LTAI",
+    r"nvapi-", r"hvs\.", r"ya29\.", r"sntrys_", r"glc_", r"ATATT", r"LTAI", r"GOCSPX-", r"key-(?=[0-9a-f]{32})",
 )
 _PROVIDER_TOKEN = re.compile(r"(?<![A-Za-z0-9])(?:" + "|".join(_TOKEN_PREFIXES) + r")[A-Za-z0-9_.=-]{12,}")
 _SNAKE_NAME = re.compile(r"[a-z0-9]+(?:[_.-][a-z0-9]+)+")  # hf_dataset_name: a name, not a token
@@ -205,15 +205,27 @@ def _evidence(segment: str) -> tuple[int, int]:
     """(breaks, characters) that one run of letters and digits adds to the evidence that its run
     is random. A break is where a name would not break: each part that is not pronounceable (a
     number, a one- or two-letter tag, a vowel-less clump, an all-caps run) after the first, and
-    each lone lower-case letter before a capital (``xY``). A part under 7 characters (``ReMax``,
+    each lone lower-case letter before a capital (``xY``), one more per 5 letters of a long
+    unpronounceable one-case run (:func:`_unreadable`). A part under 7 characters (``ReMax``,
     ``A100x8``, a piece of base64 cut by a ``/``) counts only its lower-to-upper steps."""
     if _id_like(segment):
         return 0, 0
     if len(segment) < 7:
         steps = len(_LOWER_THEN_UPPER.findall(segment))
         return (steps, len(segment)) if steps else (0, 0)
-    unreadable = sum(1 for atom in _ATOM.findall(segment) if not _pronounceable(atom))
+    unreadable = sum(_unreadable(atom) for atom in _ATOM.findall(segment))
     return max(0, unreadable - 1) + len(_LONE_LOWER_THEN_UPPER.findall(segment)), len(segment)
+
+
+def _unreadable(atom: str) -> int:
+    """Breaks one part adds: 0 for a pronounceable word, 1 for a number or a short tag, and one per
+    5 letters for a long unpronounceable run of one case with many different letters
+    (``xkqjzmvbwp``, ``JBSWYDPEHPK``: random lower-case or base32 text has no digit or case change
+    to break it; ``xxxxxxxx`` is a filler)."""
+    if len(atom) >= 6 and atom.isalpha() and (atom.islower() or atom.isupper()):
+        varied = 2 * len(set(atom.lower())) >= min(len(atom), 26)  # not a filler (xxxxxxxx, abababab)
+        return len(atom) // 5 if varied and not _pronounceable(atom.lower()) else 0
+    return 0 if _pronounceable(atom) else 1
 
 
 def _random_looking(run: str) -> bool:
