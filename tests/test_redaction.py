@@ -361,3 +361,32 @@ def test_the_publisher_process_log_is_private_and_holds_no_uri_password(
     assert "could not read back" in captured.err + text and REDACTED in text, (captured.err, text)
     assert secret not in captured.err + captured.out and secret not in text
     assert stat.S_IMODE(os.stat(log).st_mode) == 0o600
+
+
+def test_a_run_name_holding_a_secret_is_redacted_wherever_it_is_shown(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import io
+
+    from posttrain_metrics import Frame
+    from posttrain_metrics.cli import main
+    from posttrain_metrics.integrations.console import ConsoleSink
+    from posttrain_metrics.journal import JournalSink
+    from posttrain_metrics.publication import Publisher
+
+    secret = "hf_Pw25RunNameTokenAbCdEfGh0123456789"
+    console = io.StringIO()
+    journal = tmp_path / "journal.jsonl"
+    pub = Publisher([JournalSink(journal), ConsoleSink(stream=console, min_interval=0)], adapters="grpo",
+                    run_name=f"grpo-{secret}", background=False)
+    pub.start({})
+    pub.publish(Frame(1, {"train/kl_max": 0.5}, "train", 1.0))
+    pub.close()
+    assert f"run grpo-{REDACTED} (" in console.getvalue() and secret not in console.getvalue()
+    assert secret not in journal.read_text() and f"grpo-{REDACTED}" in journal.read_text()
+    # a journal written before the rule holds the name as given: the doctor's report redacts it
+    older = tmp_path / "older.jsonl"
+    older.write_text(journal.read_text().replace(REDACTED, secret))
+    main(["doctor", str(older)])
+    report = capsys.readouterr().out
+    assert f"run grpo-{REDACTED} (id " in report and secret not in report, report
