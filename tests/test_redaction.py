@@ -390,3 +390,42 @@ def test_a_run_name_holding_a_secret_is_redacted_wherever_it_is_shown(
     main(["doctor", str(older)])
     report = capsys.readouterr().out
     assert f"run grpo-{REDACTED} (id " in report and secret not in report, report
+
+
+def test_what_trackers_store_besides_the_config_is_redacted_and_read_back(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run name, MLflow tags and run_name, W&B tags, group and notes, read back with each vendor's
+    own reader: the secrets are gone, what a person reads them for is still there."""
+    from mlflow import MlflowClient
+
+    from posttrain_metrics import Frame
+    from posttrain_metrics.integrations.mlflow import MlflowSink
+    from posttrain_metrics.integrations.wandb import WandbSink
+    from posttrain_metrics.integrations.wandb_reader import read_offline_run
+    from posttrain_metrics.publication import Publisher
+
+    for var in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_MODE", "WANDB_BASE_URL"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    token = "hf_Pw25TrackerFieldsTokenAbCdEf0123456"
+    mlflow = MlflowSink(dir=tmp_path, experiment="fields", run_name=f"sweep-{token}",
+                        tags={"team": "rl", "ci_token": "Pw25-ci-token", "repo": "https://ci:Pw25-repo@git.internal/rl.git"})
+    wandb_sink = WandbSink(project="fields", dir=tmp_path, mode="offline", settings={"quiet": True},
+                           tags=["grpo", token], group="redis://:Pw25-group@cache:6379", notes="HF_TOKEN=Pw25-notes lr 1e-6")
+    pub = Publisher([mlflow, wandb_sink], adapters="grpo", run_name=f"grpo-{token}", background=False)
+    pub.start({"lr": 1e-6})
+    pub.publish(Frame(1, {"train/kl_max": 0.5}, "train", 1.0))
+    handles = pub.run_handles()["mlflow"]
+    pub.close()
+    import wandb
+
+    wandb.teardown()
+    run = MlflowClient(handles["tracking_uri"]).get_run(handles["run_id"])
+    assert run.info.run_name == f"sweep-{REDACTED}"
+    assert (run.data.tags["team"], run.data.tags["ci_token"]) == ("rl", REDACTED)
+    assert run.data.tags["repo"] == f"https://ci:{REDACTED}@git.internal/rl.git"
+    wb = read_offline_run(tmp_path / "wandb").run
+    assert wb.display_name == f"grpo-{REDACTED}"
+    assert list(wb.tags) == ["grpo", REDACTED]
+    assert (wb.run_group, wb.notes) == (f"redis://:{REDACTED}@cache:6379", f"HF_TOKEN={REDACTED} lr 1e-6")
