@@ -120,20 +120,11 @@ _TOKEN_PREFIXES = (
     r"hf_", r"sk-(?:proj-|ant-|live-|svcacct-)?", r"[sr]k_(?:live|test)_", r"gh[pousr]_", r"github_pat_",
     r"glpat-", r"gl(?:ptt|dt|rt|soat|cbt)-", r"AIza", r"(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA)", r"xox[abprse]-",
     r"npm_", r"pypi-", r"dop_v1_", r"shp(?:at|ss|ca|pa)_", r"SG\.", r"xai-", r"sq0(?:atp|csp)-",
-    r"dapi(?=[0-9a-f]{32})", r"dkea(?=[0-9a-f]{32})", r"dckr_pat_", r"pplx-", r"gsk_", r"r8_", r"lsv2_(?:pt|sk)_",
+    r"dapi(?=[0-9a-f]{32})", r"dckr_pat_", r"pplx-", r"gsk_", r"r8_", r"lsv2_(?:pt|sk)_",
     r"nvapi-", r"hvs\.", r"ya29\.", r"sntrys_", r"glc_", r"ATATT", r"LTAI", r"GOCSPX-", r"key-(?=[0-9a-f]{32})",
 )
 _PROVIDER_TOKEN = re.compile(r"(?<![A-Za-z0-9])(?:" + "|".join(_TOKEN_PREFIXES) + r")[A-Za-z0-9_.=-]{12,}")
 _SNAKE_NAME = re.compile(r"[a-z0-9]+(?:[_.-][a-z0-9]+)+")  # hf_dataset_name: a name, not a token
-
-
-def _provider_token(match: re.Match[str]) -> str:
-    """A provider token replaced; after a separator (``run-hf_...``, ``grpo_hf_...``) only when it
-    is not a lower-case snake_case name that happens to start like one (``my_hf_dataset_cache``)."""
-    start = match.start()
-    if start > 0 and match.string[start - 1] in "_.-" and _SNAKE_NAME.fullmatch(match[0]):
-        return match[0]
-    return REDACTED
 _JWT = re.compile(r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*")
 _SLACK_WEBHOOK = re.compile(r"hooks\.slack\.com/(?:services|workflows|triggers)/[^\s\"'<>]+", re.IGNORECASE)
 _AUTH_SCHEME = re.compile(r"(?<![A-Za-z0-9_-])(Bearer|Basic|Token|Digest|Negotiate)\s+[^\s\"',;]{8,}",
@@ -147,6 +138,15 @@ _SPACE_SEP = re.compile(r"[ \t]+")  # --name value; netrc's "password value"
 _NETRC_WORDS = frozenset({"password", "passwd", "passphrase", "secret"})
 _RUN = re.compile(r"[A-Za-z0-9+/_=-]{20,}")
 _NONSPACE = re.compile(r"\S+")
+
+
+def _provider_token(match: re.Match[str]) -> str:
+    """A provider token replaced; after a separator (``run-hf_...``, ``grpo_hf_...``) only when it
+    is not a lower-case snake_case name that happens to start like one (``my_hf_dataset_cache``)."""
+    start = match.start()
+    if start > 0 and match.string[start - 1] in "_.-" and _SNAKE_NAME.fullmatch(match[0]):
+        return match[0]
+    return REDACTED
 
 
 def _pem(text: str) -> str:

@@ -44,6 +44,10 @@ class RedactedLines(io.TextIOBase):
             self._pending = ""
         self._out.flush()
 
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return str(getattr(self._out, "encoding", None) or "utf-8")
+
     def fileno(self) -> int:
         return self._out.fileno()
 
