@@ -429,3 +429,30 @@ def test_what_trackers_store_besides_the_config_is_redacted_and_read_back(
     assert wb.display_name == f"grpo-{REDACTED}"
     assert list(wb.tags) == ["grpo", REDACTED]
     assert (wb.run_group, wb.notes) == (f"redis://:{REDACTED}@cache:6379", f"HF_TOKEN={REDACTED} lr 1e-6")
+
+
+def test_mlflows_param_name_warning_shows_no_secret_used_as_a_key(tmp_path: Any) -> None:
+    """A key MLflow cannot take as a param name is logged under another name, with a warning that
+    quotes it: a mirror URL with a password, used as a key, is redacted before that warning."""
+    import warnings
+
+    from mlflow import MlflowClient
+
+    from posttrain_metrics import Frame
+    from posttrain_metrics.integrations.mlflow import MlflowSink
+    from posttrain_metrics.publication import Publisher
+
+    secret = "Pw25-mirror-key-pass"
+    sink = MlflowSink(dir=tmp_path, experiment="keys")
+    pub = Publisher([sink], adapters="grpo", background=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pub.start({"mirrors": {f"https://mirror:{secret}@pypi.internal/simple": "eu"}})
+        pub.publish(Frame(1, {"train/kl_max": 0.5}, "train", 1.0))
+        handles = pub.run_handles()["mlflow"]
+        pub.close()
+    texts = [str(w.message) for w in caught]
+    assert any("is not a valid MLflow name" in t and REDACTED in t for t in texts), texts
+    assert not any(secret in t for t in texts), texts
+    params = MlflowClient(handles["tracking_uri"]).get_run(handles["run_id"]).data.params
+    assert "eu" in params.values() and not any(secret in k for k in params), params
