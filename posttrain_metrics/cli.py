@@ -126,6 +126,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_publish(args: argparse.Namespace) -> int:
     from .integrations.factory import build_sink
     from .publication.follower import TRIM_EVERY, follow
+    from .publication.output import redacted_output
     from .publication.process import sinks_path
 
     journal = Path(args.journal)
@@ -156,7 +157,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
         if name is not None:
             sink.name = str(name)
         sinks.append(sink)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), redacted_output():  # every line the trackers print leaves redacted
         if args.quiet:
             warnings.simplefilter("ignore")
         else:
@@ -206,7 +207,7 @@ def _forward_our_warnings() -> None:
         # (``python -c``, see publication.process.BOOTSTRAP), when no frame outside the package called it
         if filename == "<string>" or os.path.abspath(filename).startswith(_PACKAGE_DIR):
             with contextlib.suppress(OSError, ValueError):
-                stream.write(printable(f"posttrain-metrics publisher: warning: {message}") + "\n")
+                stream.write(printable(redact_text(f"posttrain-metrics publisher: warning: {message}")) + "\n")
 
     warnings.showwarning = show
 

@@ -46,6 +46,7 @@ from typing import Any, Protocol
 
 from .core.frame import Frame
 from .core.printable import printable
+from .core.redact import redact_text
 
 __all__ = [
     "BUDGET_CONFIG_NAMES",
@@ -1190,7 +1191,7 @@ def _run_summary(journal: JournalLike) -> dict[str, Any]:
     end = journal.end
     return {
         "id": journal.run_id,
-        "name": str(journal.header.get("name", "")),
+        "name": redact_text(str(journal.header.get("name", ""))),  # a journal older than the rule
         "path": os.fspath(journal.path),
         "adapters": list(journal.adapters),
         "extra": {str(k): str(v.get("reduction", "?")) if isinstance(v, dict) else "?"

@@ -113,7 +113,7 @@ def _target(journal: AnyJournal, to: str, target: str | None, *, project: str | 
         folder = Path(target) if target else run_path(home, "tensorboard")
         log_dir = folder if "{run_id}" in str(folder) else folder / "{name}-{run_id}"
         tb_sink = TensorBoardSink(log_dir=log_dir, flush=1 << 30)  # flushed per batch and at close
-        return tb_sink, str(tb_sink.resolve(str(journal.header.get("name") or ""), journal.run_id))
+        return tb_sink, str(tb_sink.resolve(redact_text(str(journal.header.get("name") or "")), journal.run_id))
     if to == "mlflow":
         from .integrations.mlflow import MlflowSink
 

@@ -36,7 +36,6 @@ import os
 import re
 import socket
 import time
-import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -49,6 +48,7 @@ from .core.keys import KeyInfo, describe
 from .core.redact import flatten_config
 from .core.reducer import resolve_adapters
 from .core.values import MAX_EXACT_INT, Scalar
+from .core.warn import warn as emit_warning
 from .integrations.base import RunInfo
 from .integrations.factory import run_path
 from .lines import LineFile
@@ -352,8 +352,8 @@ class JournalSink:
             if os.path.lexists(kind.of(self.path)):
                 os.rename(kind.of(self.path), kind.of(target))
         self.path.rename(target)
-        warnings.warn(f"journal {self.path} held run {previous!r}; moved it to {target.name} (with its samples, "
-                      f"record, status and publisher log) so that run {run_id!r} starts its own journal", stacklevel=3)
+        emit_warning(f"journal {self.path} held run {previous!r}; moved it to {target.name} (with its samples, "
+                     f"record, status and publisher log) so that run {run_id!r} starts its own journal", stacklevel=3)
 
     def _free_name(self, stem: str) -> Path:
         """``<stem>.jsonl``, or ``<stem>.<n>.jsonl``: the first name that neither a journal nor any
@@ -402,10 +402,10 @@ class JournalSink:
         if self._fault:
             return
         self._fault = f"{type(exc).__name__}: {exc}"
-        warnings.warn(f"journal {self.path}: a line could not be written ({self._fault}); training goes on, the "
-                      f"frames are held in memory (up to backlog_bytes={self.backlog_bytes}) and written when the "
-                      "disk has room; frames beyond that are recorded as a gap (their steps) in the journal",
-                      stacklevel=4)
+        emit_warning(f"journal {self.path}: a line could not be written ({self._fault}); training goes on, the "
+                     f"frames are held in memory (up to backlog_bytes={self.backlog_bytes}) and written when the "
+                     "disk has room; frames beyond that are recorded as a gap (their steps) in the journal",
+                     stacklevel=4)
 
     def _hold(self, step: int, phase: str, line: bytes) -> None:
         """Keep a frame that could not be written, within the bound; past it, count it in the gap."""
@@ -416,9 +416,9 @@ class JournalSink:
         if self._gap is None:
             self._gap = Gap(step, step, error=self._fault)
             self.gaps.append(self._gap)
-            warnings.warn(f"journal {self.path}: {len(self._held)} frames held in memory fill backlog_bytes="
-                          f"{self.backlog_bytes}; frames from {phase} step {step} on are not kept until the disk "
-                          "has room: their steps are recorded as a gap", stacklevel=4)
+            emit_warning(f"journal {self.path}: {len(self._held)} frames held in memory fill backlog_bytes="
+                         f"{self.backlog_bytes}; frames from {phase} step {step} on are not kept until the disk "
+                         "has room: their steps are recorded as a gap", stacklevel=4)
         self._gap.add(step, phase)
 
     def _catch_up(self) -> bool:
@@ -442,7 +442,7 @@ class JournalSink:
             self._gap = None
         if written or gap is not None:
             lost = f"; {gap.describe()} could not be kept: recorded as a gap" if gap is not None else ""
-            warnings.warn(f"journal {self.path} is written again: {written} held frames are in it{lost}", stacklevel=5)
+            emit_warning(f"journal {self.path} is written again: {written} held frames are in it{lost}", stacklevel=5)
         self._fault = ""
         return True
 
@@ -483,8 +483,8 @@ class JournalSink:
                 self._file.sync()
         except OSError as exc:
             missing = f"; it misses {', '.join(g.describe() for g in self.gaps)}" if self.gaps else ""
-            warnings.warn(f"journal {self.path}: the end record could not be written ({type(exc).__name__}: {exc})"
-                          f"{missing}; readers take the run as killed", stacklevel=3)
+            emit_warning(f"journal {self.path}: the end record could not be written ({type(exc).__name__}: {exc})"
+                         f"{missing}; readers take the run as killed", stacklevel=3)
         finally:
             self._file.close()
             self._unlock()
@@ -908,7 +908,7 @@ def _frames(p: Path, found: _Pass, *, size: int | None = None, identity: tuple[i
     def note(text: str) -> None:
         found.notes.append(text)
         if warn:
-            warnings.warn(text, stacklevel=stacklevel)  # the caller of read_journal / open_journal
+            emit_warning(text, stacklevel=stacklevel)  # the caller of read_journal / open_journal
 
     for number, line, unterminated in _lines(p, size, identity):
         try:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from .core.catalog import get_adapter
 from .core.errors import MetricsError
 from .core.keys import describe
+from .core.redact import redact_text
 from .doctor import BUDGET_CONFIG_NAMES, Finding, JournalLike, Severity, config_int, step_ranges
 
 if TYPE_CHECKING:
@@ -477,7 +478,7 @@ def dashboard(journal: JournalLike, findings: Sequence[Finding], output_path: st
 
     header = fig.add_subplot(grid[0, :])
     header.set_axis_off()
-    name = str(journal.header.get("name", "")) or "(unnamed run)"
+    name = redact_text(str(journal.header.get("name", ""))) or "(unnamed run)"
     header.text(0.5, 0.78, f"{name}  ·  run {journal.run_id}", ha="center", va="center", fontsize=15,
                 fontweight="bold", transform=header.transAxes)
     header.text(0.5, 0.12, _subtitle(journal, data, findings, unknown), ha="center", va="center",

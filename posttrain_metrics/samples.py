@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 import os
-import warnings
 from pathlib import Path
 
 from .core.samples import Samples
+from .core.warn import warn
 from .journal import RunFile
 from .lines import LineFile
 
@@ -78,8 +78,8 @@ class SamplesTail:
             try:
                 out.append(Samples.from_record(json.loads(line)))
             except (ValueError, KeyError, TypeError) as exc:  # one bad line never stops the others
-                warnings.warn(f"{self.path}: skipped a samples line that is not one ({exc!r:.120})", stacklevel=2)
+                warn(f"{self.path}: skipped a samples line that is not one ({exc!r:.120})", stacklevel=2)
         self.offset += end
         if final and data[end:].strip():
-            warnings.warn(f"{self.path}: skipped a torn last line (the writer stopped mid-line)", stacklevel=2)
+            warn(f"{self.path}: skipped a torn last line (the writer stopped mid-line)", stacklevel=2)
         return out

@@ -643,6 +643,20 @@ PLANTED: dict[str, tuple[Any, str]] = {
                            "7fQ2xR9LmK4pZ8wT3vY6nB1cH5jD0sPq30"),
     "creds parent": ({"creds": ("svc", "Pq3-creds-in-a-tuple")}, "Pq3-creds-in-a-tuple"),
     "cred word": ({"db_cred": "Pq3-db-cred"}, "Pq3-db-cred"),
+    # issue 25: shapes a hostile probe found outside the tests
+    "empty-user URI": ({"cache": "redis://:Pq32-empty-user@cache.internal:6379/0"}, "Pq32-empty-user"),
+    "databricks dapi": ({"note9": "dapi5f0e3a9c1b7d2e4f6a8c0b1d3e5f7a9c"}, "dapi5f0e3a9c1b7d2e4f6a8c0b1d3e5f7a9c"),
+    "random base64 (AWS secret form)": ({"note10": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYPq33EXAMPLE"},
+                                        "wJalrXUtnFEMI/K7MDENG/bPxRfiCYPq33EXAMPLE"),
+    "token_urlsafe(32)": ({"note11": "Pq34zN6c_y2QdKfR-0tWbLmX9eHsUaVjGpYiT1oC8w"},
+                          "Pq34zN6c_y2QdKfR-0tWbLmX9eHsUaVjGpYiT1oC8w"),
+}
+# Secrets used as mapping keys (the key is redacted, its value kept).
+KEYED: dict[str, tuple[Any, str]] = {
+    "hub account as a key": ({"hub_accounts": {"hf_Pq35accountAsAMappingName0123456": "alice"}},
+                             "hf_Pq35accountAsAMappingName0123456"),
+    "mirror URL as a key": ({"mirrors": {"https://mirror:Pq36-mirror-pass@pypi.internal/simple": "eu"}},
+                            "Pq36-mirror-pass"),
 }
 INNOCENT = {"rl": {"kl_beta": 0.04, "max_tokens": 256, "eos_token": "</s>", "pad_token_id": 0, "sort_key": "len",
                    "pass_at_k": 0.5},
@@ -654,6 +668,8 @@ def planted_config() -> dict[str, Any]:
     config: dict[str, Any] = {"innocent": INNOCENT}
     for i, (fragment, _secret) in enumerate(PLANTED.values()):
         config[f"form{i}"] = fragment
+    for i, (fragment, _secret) in enumerate(KEYED.values()):
+        config[f"keyed{i}"] = fragment
     return config
 
 
@@ -688,19 +704,33 @@ def test_a_planted_secret_of_any_shape_is_in_no_byte_of_any_artefact(
 ) -> None:
     from _mlflow_server import SERVER_STORES
 
+    from posttrain_metrics.integrations.console import ConsoleSink
     from posttrain_metrics.integrations.mlflow import MlflowSink
     from posttrain_metrics.integrations.tensorboard import TensorBoardSink
     from posttrain_metrics.integrations.wandb import WandbSink
 
     argv_secret = "Pq31-command-line-secret"  # W&B's metadata records the command line
     monkeypatch.setattr(sys, "argv", ["train.py", "--hf-token", argv_secret, f"--password={argv_secret}"])
+    # what the trackers store besides the config: the run name, MLflow tags, W&B tags, group, notes
+    tracker_secrets = {"run name": "hf_Pq37runNameHoldsAToken0123456789", "mlflow tag": "Pq38-mlflow-tag",
+                       "mlflow tag URI": "Pq39-tag-uri-pass", "wandb tag": "hf_Pq42wandbTagToken012345678",
+                       "wandb notes": "Pq43-wandb-notes", "wandb group": "Pq44-group-pass",
+                       "mlflow tag key": "sk-Pq45tagKeyIsAToken0123456789ab"}
     root = tmp_path / "run"
     served = MlflowSink(tracking_uri=mlflow_server, experiment=f"planted-{uuid.uuid4().hex[:8]}")
     served.name = "mlflow-server"
-    sinks = [JournalSink(root / "journal.jsonl"), TensorBoardSink(log_dir=root / "tensorboard"),
-             MlflowSink(dir=root, experiment="planted"), served,
-             WandbSink(project="planted", dir=root, mode="offline", settings={"quiet": True})]
-    pub = Publisher(sinks, adapters=GRPO_ADAPTERS, run_name="planted", run_id="planted01", background=False)
+    console = io.StringIO()
+    tagged = MlflowSink(dir=root, experiment="planted",
+                        tags={"team": "rl", "ci_token": tracker_secrets["mlflow tag"],
+                              "source": f"https://ci:{tracker_secrets['mlflow tag URI']}@git.internal/rl.git",
+                              tracker_secrets["mlflow tag key"]: "x"})
+    sinks = [JournalSink(root / "journal.jsonl"), TensorBoardSink(log_dir=root / "tensorboard"), tagged, served,
+             WandbSink(project="planted", dir=root, mode="offline", settings={"quiet": True},
+                       tags=["grpo", tracker_secrets["wandb tag"]], notes=f"HF_TOKEN={tracker_secrets['wandb notes']}",
+                       group=f"redis://:{tracker_secrets['wandb group']}@cache:6379"),
+             ConsoleSink(stream=console, min_interval=0)]
+    pub = Publisher(sinks, adapters=GRPO_ADAPTERS, run_name=f"planted-{tracker_secrets['run name']}",
+                    run_id="planted01", background=False)
     pub.start(planted_config())
     reducer = MetricReducer(GRPO_ADAPTERS)
     for step in (1, 2):
@@ -716,11 +746,15 @@ def test_a_planted_secret_of_any_shape_is_in_no_byte_of_any_artefact(
     names = {p.name for p in files}
     assert "journal.jsonl" in names and "mlflow.db" in names
     assert any(n.startswith("events.out.tfevents") for n in names) and any(n.endswith(".wandb") for n in names)
-    secrets = [secret for _fragment, secret in PLANTED.values()] + [argv_secret]
+    secrets = [secret for _fragment, secret in [*PLANTED.values(), *KEYED.values()]] + [argv_secret]
+    secrets += tracker_secrets.values()
     for path in files:
         data = path.read_bytes()
         for secret in secrets:
             assert secret.encode() not in data, f"{secret!r} is in {path}"
+    assert "planted-" in console.getvalue()  # the console names the run, redacted
+    for secret in secrets:
+        assert secret not in console.getvalue(), f"{secret!r} is on the console"
     header = read_journal(root / "journal.jsonl").config
     assert header["innocent/rl/kl_beta"] == 0.04 and header["innocent/model"] == "meta-llama/Llama-3.1-8B-Instruct"
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,7 @@ from ..core.layout import RefusedChunk
 from ..core.redact import redact_text
 from ..core.reducer import AdapterSpec, MetricReducer, resolve_adapters
 from ..core.samples import MAX_CHARS, Histogram, Samples, check_rows, numeric_columns, pick, select
+from ..core.warn import warn
 from ..integrations.base import Sink
 from ..integrations.console import check_total_steps
 from ..integrations.factory import build_sink, check_callback, check_writable, plain, safe_name
@@ -95,7 +95,7 @@ class MetricsCallback:
         adapters, sinks = plain(adapters), plain(sinks)
         check_callback(adapters=adapters, sinks=sinks, out_dir=out_dir, run_name=run_name)
         self.out_dir = Path(out_dir) if out_dir is not None else None
-        name = safe_name(run_name) if run_name else None
+        name = safe_name(redact_text(run_name)) if run_name else None  # redacted before it is mangled
         built = [build_sink(spec, out_dir=self.out_dir) for spec in sinks]
         if distributed.global_rank() == 0:
             self._check_folders(built)
@@ -282,10 +282,10 @@ class MetricsCallback:
             failures = self.publisher.failures
             failures["samples"] = failures.get("samples", 0) + 1
             if len(self.samples_lost) == 1:
-                warnings.warn(f"the samples file {path} could not be written ({type(exc).__name__}: "
-                              f"{redact_text(str(exc))}): step {samples.step}'s samples are not in it, so no tracker "
-                              "fed from it shows them; training continues and later steps are tried again "
-                              "(MetricsCallback.samples_lost lists the steps)", stacklevel=user_stacklevel())
+                warn(f"the samples file {path} could not be written ({type(exc).__name__}: "
+                     f"{exc}): step {samples.step}'s samples are not in it, so no tracker "
+                     "fed from it shows them; training continues and later steps are tried again "
+                     "(MetricsCallback.samples_lost lists the steps)", stacklevel=user_stacklevel())
 
     def on_run_end(self, failed: bool = False, *, error: BaseException | None = None) -> None:
         """Close every sink with the run's status (FAILED when ``failed``). ``error``, the exception

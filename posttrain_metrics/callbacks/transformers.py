@@ -29,7 +29,6 @@ import enum
 import numbers
 import os
 import time
-import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -41,6 +40,7 @@ from ..core.layout import RefusedChunk
 from ..core.reducer import AdapterSpec
 from ..core.reduction import Reduction
 from ..core.values import Scalar
+from ..core.warn import warn
 from ..integrations.base import Sink
 from ..integrations.factory import plain
 from .generic import MetricsCallback
@@ -414,7 +414,7 @@ class PosttrainMetricsCallback(TrainerCallback, MetricsCallback):  # type: ignor
                 fresh += self._note(name, f"dropped: its weight {found.weight_key} is recorded per micro-batch, "
                                     f"record {found.source} too")
         if fresh and global_rank() == 0:
-            warnings.warn(
+            warn(
                 "PosttrainMetricsCallback: logged keys with no counterpart in the catalogue pass through "
                 "as the trainer's own values (plain means; `posttrain-metrics keys trl_grpo` lists the "
                 f"declared ones), or cannot be published: {', '.join(fresh)}",

@@ -9,6 +9,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from ..core.frame import Frame
 from ..core.keys import KeyInfo
+from ..core.redact import redact_tree
 from ..core.values import Scalar
 
 __all__ = ["Points", "RunInfo", "Sink", "tracker_settings"]
@@ -67,5 +68,5 @@ def tracker_settings(sinks: Iterable[object]) -> dict[str, dict[str, Any]]:
     for sink in sinks:
         settings = getattr(sink, "run_settings", None)
         if callable(settings):
-            out[str(getattr(sink, "name", type(sink).__name__))] = dict(settings())
+            out[str(getattr(sink, "name", type(sink).__name__))] = dict(redact_tree(dict(settings())))
     return out

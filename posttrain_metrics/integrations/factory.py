@@ -22,8 +22,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..core.cycles import Cycles
 from ..core.errors import MetricsError
-from ..core.redact import redact_text, redact_tree
+from ..core.redact import key_text, redact_text, redact_tree
 from .base import Sink
 
 __all__ = ["SINK_TYPES", "build_sink", "check_callback", "check_options", "check_path", "check_writable", "inside", "mlflow_uri", "plain", "run_path", "safe_name"]
@@ -60,15 +61,23 @@ def check_callback(*, adapters: Any, sinks: Any, out_dir: Any, run_name: Any) ->
 
 
 def plain(value: Any) -> Any:
-    """OmegaConf containers (from Hydra configs) as plain dicts and lists; other values as given."""
+    """OmegaConf containers (from Hydra configs) as plain dicts and lists; other values as given.
+    A dict or list that holds itself is a :class:`MetricsError` naming where, not a ``RecursionError``."""
+    return _plain(value, "", Cycles("the config"))
+
+
+def _plain(value: Any, path: str, cycles: Cycles) -> Any:
     if type(value).__module__.startswith("omegaconf"):
         from omegaconf import OmegaConf
 
         return OmegaConf.to_container(value, resolve=True)
     if isinstance(value, Mapping):
-        return {str(k): plain(v) for k, v in value.items()}
+        with cycles.inside(value, path):
+            return {str(k): _plain(v, f"{path}/{key_text(str(k))}" if path else key_text(str(k)), cycles)
+                    for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
+        with cycles.inside(value, path):
+            return [_plain(v, f"{path}/{i}" if path else str(i), cycles) for i, v in enumerate(value)]
     return value
 
 

@@ -131,15 +131,15 @@ import math
 import os
 import re
 import time
-import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from ..core.errors import MetricsError
 from ..core.frame import Frame
-from ..core.redact import param_text, redact_text
+from ..core.redact import key_text, param_text, redact, redact_text
 from ..core.summary import RunSummary
+from ..core.warn import warn
 from .base import Points, RunInfo
 from .factory import run_path
 
@@ -211,7 +211,7 @@ class _Names:
         self.names: dict[str, str] = {}
         self.mapped: dict[str, str] = {}  # mapped name -> original
 
-    def __call__(self, name: str, *, warn: bool = True) -> str:
+    def __call__(self, name: str, *, report: bool = True) -> str:
         out = self.names.get(name)
         if out is not None:
             return out
@@ -219,8 +219,8 @@ class _Names:
             out = name
         else:
             out = self._map(name)
-            if warn:
-                warnings.warn(
+            if report:
+                warn(
                     f"mlflow: {self.kind} name {name!r} is not a valid MLflow name (MLflow takes "
                     f"alphanumerics, '_', '-', '.', '/', spaces, no empty or dot path segments, at most "
                     f"{self.limit} characters); logged as {out!r}",
@@ -525,12 +525,13 @@ class MlflowSink:
                 existing = found[0] if found else None
 
         tags = {RUN_ID_TAG: run.run_id, ADAPTERS_TAG: ",".join(run.adapters), MLFLOW_USER_TAG: _user()}
-        for key, value in self.tags.items():
-            tags[self._tag_names(str(key))] = self._truncate(str(value), self._tag_limit, "tag", str(key))
+        for key, value in self.tags.items():  # the user's tags are stored like the config: redacted
+            name, shown = key_text(str(key)), str(redact(str(key), str(value)))
+            tags[self._tag_names(name)] = self._truncate(shown, self._tag_limit, "tag", name)
         logged: Mapping[str, str] = {}
         if existing is None:
             created = client.create_run(
-                self.experiment_id, tags=tags, run_name=self.run_name or run.name,
+                self.experiment_id, tags=tags, run_name=redact_text(self.run_name) if self.run_name else run.name,
                 start_time=int(run.started * 1000) if run.started > 0 else None,
             )
             self.run_id = created.info.run_id
@@ -555,7 +556,7 @@ class MlflowSink:
             text = self._truncate(param_text(setting), self._param_limit, "param", key)
             if pname in logged:  # params cannot change in MLflow: a resumed run keeps the first value
                 if logged[pname] != text:
-                    warnings.warn(
+                    warn(
                         f"mlflow: run {self.run_id} already has param {pname}={logged[pname]!r}; MLflow "
                         f"params cannot change, so the resumed value {text!r} is not logged",
                         stacklevel=2,
@@ -604,9 +605,9 @@ class MlflowSink:
                 try:
                     client.set_experiment_tag(found.experiment_id, KIND_TAG, KIND)
                 except error as exc:  # not allowed to tag it: the UI's default view is all we lose
-                    warnings.warn(f"mlflow: could not tag experiment {name!r} with {KIND_TAG}={KIND} "
-                                  f"({redact_text(str(exc))[:200]}); its page may open on MLflow's GenAI overview",
-                                  stacklevel=3)
+                    warn(f"mlflow: could not tag experiment {name!r} with {KIND_TAG}={KIND} "
+                         f"({redact_text(str(exc))[:200]}); its page may open on MLflow's GenAI overview",
+                         stacklevel=3)
             return str(found.experiment_id)
         location = _sqlite_artifacts(self.tracking_uri or "")
         try:
@@ -685,7 +686,7 @@ class MlflowSink:
         self.unconfirmed = len(steps)
         if waiting:
             params = sum(len(b.params) for b in waiting)
-            warnings.warn(
+            warn(
                 f"mlflow: {len(steps)} frame(s) (steps {_span(steps)}) and {params} param(s) were not "
                 f"confirmed by {redact_text(str(self.tracking_uri))} when close() stopped waiting (drain_timeout="
                 f"{self.drain_timeout:g}s, or the server is down); the journal holds them: "
@@ -694,7 +695,7 @@ class MlflowSink:
             )
         status = "KILLED" if killed or interrupted else "FAILED" if failed else "FINISHED"
         if self._degraded:
-            warnings.warn(
+            warn(
                 f"mlflow: {redact_text(str(self.tracking_uri))} is unreachable; run {self.run_id} keeps status RUNNING "
                 f"(could not set it to {status})",
                 stacklevel=2,
@@ -730,7 +731,7 @@ class MlflowSink:
             values[f"{RUN_PREFIX}nonfinite/{key}"] = float(count)
         # a run aggregate of a renamed key is renamed the same way, and not warned about again: its
         # series was (run/train/kl@0.5 -> run/train/kl_0.5)
-        items = [(names(k, warn=False), v, stamp, self._last_step) for k, v in values.items()]
+        items = [(names(k, report=False), v, stamp, self._last_step) for k, v in values.items()]
         for i in range(0, len(items), self._max_metrics):
             self._queue(_Batch([], items[i : i + self._max_metrics]))
     def attach(self, files: Iterable[Path]) -> None:
@@ -854,7 +855,7 @@ class MlflowSink:
             if 400 <= status < 500 and status not in (401, 403, 408, 429):  # invalid: resending won't help
                 self.rejected += 1
                 what = f"steps {_span(batch.steps)}" if batch.steps else "params"
-                warnings.warn(
+                warn(
                     f"mlflow: {redact_text(str(self.tracking_uri))} rejected the batch of {what} ({redact_text(str(exc))}); it is not "
                     "retried (counted in MlflowSink.rejected; the journal keeps the frames)",
                     stacklevel=3,
@@ -864,7 +865,7 @@ class MlflowSink:
                 self._failed_probes += 1
             if not self._degraded:
                 self._probe_from = self._sent
-                warnings.warn(
+                warn(
                     f"mlflow: sending to {redact_text(str(self.tracking_uri))} failed ({type(exc).__name__}: {redact_text(str(exc))}); the "
                     f"sink is degraded: frames are held (up to backlog={self.backlog}) and resent when "
                     "the server answers again; training continues",
@@ -873,7 +874,7 @@ class MlflowSink:
             self._degraded = True
             self._held.appendleft(batch)
         if recovered:
-            warnings.warn(
+            warn(
                 f"mlflow: {redact_text(str(self.tracking_uri))} answers again; resending "
                 f"{sum(len(b.steps) for b in self._held)} held frame(s)",
                 stacklevel=3,
@@ -883,7 +884,7 @@ class MlflowSink:
     def _truncate(text: str, limit: int, kind: str, key: str) -> str:
         if len(text) <= limit:
             return text
-        warnings.warn(
+        warn(
             f"mlflow: {kind} {key!r} is {len(text)} characters, over MLflow's limit of {limit}; "
             "truncated (the journal header keeps the full value)",
             stacklevel=3,

@@ -71,7 +71,6 @@ import struct
 import threading
 import time
 import types
-import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -84,6 +83,7 @@ from ..core.keys import KeyInfo
 from ..core.reduction import Reduction
 from ..core.summary import RunSummary
 from ..core.values import Scalar
+from ..core.warn import warn
 from .base import Points, RunInfo
 from .factory import run_path, safe_name
 
@@ -836,7 +836,7 @@ class TensorBoardSink:
         if key in self._overflow_warned:
             return
         self._overflow_warned.add(key)
-        warnings.warn(
+        warn(
             f"tensorboard: {key} = {number!r} is beyond float32's range and is stored as "
             f"{'-' if number < 0 else ''}inf (TensorBoard scalars are float32); the journal "
             "keeps the value",

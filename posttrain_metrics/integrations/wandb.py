@@ -99,6 +99,7 @@ from urllib.parse import urlsplit
 from ..core.errors import MetricsError
 from ..core.frame import Frame
 from ..core.keys import KeyInfo, label_key
+from ..core.redact import redact_text
 from ..core.reduction import Reduction
 from ..core.summary import RunSummary
 from .base import Points, RunInfo
@@ -321,10 +322,11 @@ class WandbSink:
             id=run.run_id,
             name=run.name,
             config=dict(run.config_tree),
-            tags=list(self.tags) or None,
-            group=self.group,
-            job_type=self.job_type,
-            notes=self.notes,
+            # what W&B stores besides the config is redacted like it
+            tags=[redact_text(t) for t in self.tags] or None,
+            group=None if self.group is None else redact_text(self.group),
+            job_type=None if self.job_type is None else redact_text(self.job_type),
+            notes=None if self.notes is None else redact_text(self.notes),
             resume=self.resume,
             reinit="create_new",  # our run never finishes, nor is finished by, another wandb run
             settings=wandb.Settings(**settings),

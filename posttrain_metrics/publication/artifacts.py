@@ -24,6 +24,8 @@ import os
 import warnings
 from pathlib import Path
 
+from ..core.warn import warn
+
 __all__ = ["ARTIFACT_DIR", "record_dir", "write_record"]
 
 ARTIFACT_DIR = "posttrain_metrics"
@@ -69,8 +71,8 @@ def write_record(journal: Path) -> list[Path]:
             _atomic(path, (format_findings(findings, as_json=as_json, journal=run) + "\n").encode())
             files.append(path)
     except Exception as exc:  # the record is a courtesy: the trackers close regardless
-        warnings.warn(f"the doctor's report of {journal} could not be written ({type(exc).__name__}: {exc}); "
-                      "it is left out of the run's record", stacklevel=2)
+        warn(f"the doctor's report of {journal} could not be written ({type(exc).__name__}: {exc}); "
+             "it is left out of the run's record", stacklevel=2)
         return files
     try:
         import matplotlib  # noqa: F401  (optional: the dashboard needs it)
@@ -81,6 +83,6 @@ def write_record(journal: Path) -> list[Path]:
 
         files.append(dashboard(run, findings, folder / "dashboard.png"))
     except Exception as exc:
-        warnings.warn(f"the dashboard of {journal} could not be drawn ({type(exc).__name__}: {exc}); it is "
-                      "left out of the run's record", stacklevel=2)
+        warn(f"the dashboard of {journal} could not be drawn ({type(exc).__name__}: {exc}); it is "
+             "left out of the run's record", stacklevel=2)
     return files

@@ -40,7 +40,6 @@ import json
 import os
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -49,6 +48,7 @@ from ..core.errors import MetricsError
 from ..core.frame import Frame
 from ..core.keys import KeyInfo
 from ..core.redact import redact_tree
+from ..core.warn import warn
 from ..integrations.base import Points, Sink
 from ..journal import JournalTail, Record, RunFile, header_adapters, journal_closed, last_header
 from ..samples import SamplesTail, samples_path
@@ -113,7 +113,7 @@ def held_points(sink: Sink, run_id: str, name: str, keys: Iterable[str]) -> Poin
     except ImportError:
         raise  # a requested backend that is not installed is an error
     except Exception as exc:  # a tracker down at the start: it is sent everything (see below)
-        warnings.warn(
+        warn(
             f"{sink.name}: could not read back what it already holds of run {run_id} ({type(exc).__name__}: "
             f"{str(exc)[:200]}); every frame of the journal is sent to it (MLflow ignores a point it holds "
             "already; a TensorBoard dir that cannot be read would get duplicates)",
@@ -316,9 +316,9 @@ def _step(replica: Replica) -> int:
         replica.end = replica.end or "failed"
         if replica.publisher is not None:
             replica.publisher.failures[replica.sink.name] = replica.publisher.failures.get(replica.sink.name, 0) + 1
-        warnings.warn(f"{replica.sink.name}: publishing stopped ({type(exc).__name__}: {str(exc)[:300]}); the other "
-                      f"trackers go on and the journal keeps every frame for `posttrain-metrics export`",
-                      stacklevel=2)
+        warn(f"{replica.sink.name}: publishing stopped ({type(exc).__name__}: {str(exc)[:300]}); the other "
+             f"trackers go on and the journal keeps every frame for `posttrain-metrics export`",
+             stacklevel=2)
         return 0
 
 
@@ -333,8 +333,8 @@ def _attach_record(journal: Path, replicas: Sequence[Replica]) -> None:
     try:
         files = write_record(journal)
     except Exception as exc:  # never in the way of closing the trackers
-        warnings.warn(f"{journal}: the run's record could not be written ({type(exc).__name__}: {exc}); the "
-                      "trackers close without it", stacklevel=2)
+        warn(f"{journal}: the run's record could not be written ({type(exc).__name__}: {exc}); the "
+             "trackers close without it", stacklevel=2)
         return
     for r in takers:
         assert r.publisher is not None
@@ -347,9 +347,9 @@ def _given_up(replica: Replica, grace: float) -> None:
     name = replica.sink.name
     if replica.publisher is not None:
         replica.publisher.failures[name] = replica.publisher.failures.get(name, 0) + 1
-    warnings.warn(f"{name}: its tracker took no frame for {grace:g} s after the run ended; the frames of the journal "
-                  f"from line {replica.tail.line_number + 1} on were not sent to it. `posttrain-metrics publish "
-                  f"{replica.path}` sends what it lacks", stacklevel=3)
+    warn(f"{name}: its tracker took no frame for {grace:g} s after the run ended; the frames of the journal "
+         f"from line {replica.tail.line_number + 1} on were not sent to it. `posttrain-metrics publish "
+         f"{replica.path}` sends what it lacks", stacklevel=3)
 
 
 def _parent_gone(parent_pid: int | None) -> bool:
@@ -523,6 +523,6 @@ def follow(
     if report:
         write_status(where, final)
     if status == "killed":
-        warnings.warn(f"{journal}: the trainer stopped without closing the run; the trackers hold every frame "
-                      f"of the journal and mark the run killed", stacklevel=2)
+        warn(f"{journal}: the trainer stopped without closing the run; the trackers hold every frame "
+             f"of the journal and mark the run killed", stacklevel=2)
     return final

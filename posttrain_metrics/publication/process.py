@@ -7,7 +7,8 @@ only the package's code, never a file of the working directory) in its own sessi
 trainer's terminal does not reach it: it must outlive a trainer that dies to drain the journal and mark
 the run killed). It inherits the run's lock (:class:`~posttrain_metrics.journal.RunLock`) and holds it
 until it exits. Its stdout and stderr (the trackers' banners, INFO
-logs and warnings) go to ``publisher.log`` beside the journal (:func:`log_path`); our own warnings
+logs and warnings) go to ``publisher.log`` beside the journal (:func:`log_path`, mode 0600 like the
+sinks file; every line redacted on its way out, :mod:`.output`); our own warnings
 are also forwarded to the trainer's stderr, one line each, through a duplicate of that stream whose
 descriptor the child finds in ``POSTTRAIN_METRICS_WARNINGS_FD``. ``check`` (called after each journal line, a syscall at most once a second) warns
 once and restarts a publisher that died; the new one resumes from what each tracker holds.
@@ -27,12 +28,12 @@ import shlex
 import subprocess
 import sys
 import time
-import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from ..core.errors import user_stacklevel
+from ..core.warn import warn
 from ..journal import LOCK_FD_ENV, RunFile, RunLock
 
 __all__ = ["BOOTSTRAP", "MAX_RESTARTS", "WARNINGS_FD_ENV", "PublisherProcess", "log_path", "sinks_path", "yield_cpu"]
@@ -49,6 +50,14 @@ def log_path(journal: Path) -> Path:
     """The publisher process's output (the trackers' own chatter): ``publisher.log`` beside
     ``journal.jsonl``, ``<stem>.publisher.log`` beside any other journal (:class:`~posttrain_metrics.journal.RunFile`)."""
     return RunFile.LOG.of(journal)
+
+
+def _private_log(path: Path) -> BinaryIO:
+    """``publisher.log`` opened to append (a restarted publisher adds to it), readable by its owner
+    only, like ``sinks.json``: a tracker's own output may hold what we could not redact."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.fchmod(fd, 0o600)  # a log left by an older version, or created under another umask
+    return os.fdopen(fd, "ab")
 
 
 def _threads() -> list[int]:
@@ -220,7 +229,7 @@ class PublisherProcess:
         except OSError:  # no stderr descriptor: our warnings are in the log only
             env.pop(WARNINGS_FD_ENV, None)
         try:
-            with open(log_path(self.journal), "ab") as log:  # appended: a restarted publisher adds to it
+            with _private_log(log_path(self.journal)) as log:
                 self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                              start_new_session=True, pass_fds=[*fds, *held], env=env)
         finally:
@@ -242,7 +251,7 @@ class PublisherProcess:
     def _restart(self, code: int) -> None:
         self.restarts += 1
         if self.restarts == 1:
-            warnings.warn(
+            warn(
                 f"the publisher process (pid {self.pid}) exited with status {code} before the run's end; "
                 "training is not affected and the journal keeps every frame. Restarted; it resumes from "
                 "what each tracker holds (warned once, counted in restarts)",
@@ -251,8 +260,8 @@ class PublisherProcess:
         if self.restarts <= MAX_RESTARTS:
             self._spawn()
         elif self.restarts == MAX_RESTARTS + 1:
-            warnings.warn(f"the publisher process died {MAX_RESTARTS} times; not restarted again. The journal "
-                          f"keeps every frame: `{self.command()}` publishes them", stacklevel=user_stacklevel())
+            warn(f"the publisher process died {MAX_RESTARTS} times; not restarted again. The journal "
+                 f"keeps every frame: `{self.command()}` publishes them", stacklevel=user_stacklevel())
 
     def wait(self, timeout: float) -> bool:
         """Wait for the publisher to close the trackers (it does on the journal's end record); then this

@@ -39,7 +39,6 @@ import sys
 import threading
 import time
 import uuid
-import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -52,6 +51,7 @@ from ..core.keys import KeyInfo, describe, label_key
 from ..core.redact import config_tree, flatten_config, redact_text
 from ..core.reducer import AdapterSpec, resolve_adapters
 from ..core.values import Scalar
+from ..core.warn import warn
 from ..integrations.base import RunInfo, Sink, tracker_settings
 from ..journal import SAFE_RUN_ID, journal_closed
 
@@ -207,7 +207,8 @@ class Publisher:
                 "1-128 letters, digits, '_', '-' or '.', not starting with '.' or '-'"
             )
         self.run_id = run_id or uuid.uuid4().hex[:16]
-        self.run_name = run_name or f"run-{time.strftime('%Y%m%d-%H%M%S')}"
+        # the name becomes a folder, a console line and every tracker's run name: redacted once, here
+        self.run_name = redact_text(run_name) if run_name else f"run-{time.strftime('%Y%m%d-%H%M%S')}"
         self.run: RunInfo | None = None
         self.failures: dict[str, int] = {}
         self.empty_frames = 0  # frames with no metrics: journal only (see the module docstring)
@@ -234,7 +235,7 @@ class Publisher:
         self.imports = tuple(imports)
         if mode == "process" and own and not self.imports:
             # A fresh publisher process knows the catalogue, not adapters registered in this one.
-            warnings.warn(
+            warn(
                 f"adapter(s) {own} are registered in this process only, so the trackers are fed by a thread of "
                 "this process instead of the publisher process; fix: register them in a module and pass "
                 "imports=['that.module'] (the publisher imports it first)",
@@ -274,7 +275,7 @@ class Publisher:
         returns the running run (a config that arrives after the first frame is not recorded)."""
         if self.run is not None:
             if config:
-                warnings.warn(
+                warn(
                     "Publisher.start() called again after the run started (the first frame starts it): "
                     "this config is not recorded; fix: call on_run_start(config) before the first step",
                     stacklevel=user_stacklevel(),
@@ -331,8 +332,8 @@ class Publisher:
                     self._thread_result.update(follow(path, sinks, stop=self._stop, report=report,
                                                       adapters=adapters))
                 except Exception as exc:  # a follower bug never stops training: the journal has all
-                    warnings.warn(f"the in-process publisher stopped: {type(exc).__name__}: {exc}; the journal "
-                                  f"keeps every frame: `posttrain-metrics export {path} --to ...`", stacklevel=1)
+                    warn(f"the in-process publisher stopped: {type(exc).__name__}: {exc}; the journal "
+                         f"keeps every frame: `posttrain-metrics export {path} --to ...`", stacklevel=1)
                 finally:
                     if held is not None:
                         held.release()
@@ -357,7 +358,7 @@ class Publisher:
         if self._closed:
             self.after_close += 1
             if self.after_close == 1:
-                warnings.warn(
+                warn(
                     f"{frame.phase} step {frame.step} was published after close() and is not recorded "
                     "(counted in Publisher.after_close); fix: publish before closing the run",
                     stacklevel=user_stacklevel(),
@@ -368,7 +369,7 @@ class Publisher:
         if not frame.metrics:
             self.empty_frames += 1
             if self.empty_frames == 1:
-                warnings.warn(
+                warn(
                     f"{frame.phase} step {frame.step} has no metrics (no rank added a chunk before "
                     "reduce: an empty window); it is written to the journal only, not to other sinks "
                     "(counted in Publisher.empty_frames)",
@@ -423,21 +424,21 @@ class Publisher:
             self._thread.join(self.close_timeout)
             if self._thread.is_alive():
                 self._stop.set()
-                warnings.warn(
+                warn(
                     f"the in-process publisher did not finish within close_timeout={self.close_timeout:g} s; "
                     f"{self._left()}", stacklevel=user_stacklevel())
         if self._thread is not None and not self._thread.is_alive():
             self._merge(self._thread_result)
         if self.process is not None:
             if not self.process.wait(max(0.0, deadline - time.monotonic())):
-                warnings.warn(
+                warn(
                     f"the publisher process (pid {self.process.pid}) did not finish within close_timeout="
                     f"{self.close_timeout:g} s; {self._left()}. It goes on in the background and closes the "
                     f"trackers when done; if it is stopped, `{self.process.command()}` finishes it "
                     "(it sends only what the trackers lack)", stacklevel=user_stacklevel())
             elif self.process.returncode:
-                warnings.warn(f"the publisher process exited with status {self.process.returncode}; "
-                              f"{self._left()}; `{self.process.command()}` finishes it", stacklevel=user_stacklevel())
+                warn(f"the publisher process exited with status {self.process.returncode}; "
+                     f"{self._left()}; `{self.process.command()}` finishes it", stacklevel=user_stacklevel())
             else:
                 self._merge(self._report())
 
@@ -509,7 +510,7 @@ class Publisher:
                 continue
             counter = (sink.name, key)
             if counter not in self._nonfinite:
-                warnings.warn(
+                warn(
                     f"{sink.name}: {key} = {value} cannot be stored faithfully by this backend; "
                     f"skipped and counted under health/nonfinite/{key} (the journal keeps the value)",
                     stacklevel=user_stacklevel(),
@@ -564,7 +565,7 @@ class Publisher:
                 if sink.name == "journal"
                 else "the journal keeps every frame for `posttrain-metrics export`"
             )
-            warnings.warn(
+            warn(
                 f"sink {sink.name!r} failed in {method}() and is degraded: {type(exc).__name__}: "
                 f"{redact_text(str(exc))}. "
                 f"Training continues; {where}.",
