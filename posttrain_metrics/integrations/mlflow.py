@@ -839,13 +839,7 @@ class MlflowSink:
             exc = errors[0]
             status = getattr(exc, "get_http_status_code", lambda: 500)()
             if 400 <= status < 500 and status not in (401, 403, 408, 429):  # invalid: resending won't help
-                self.rejected += 1
-                what = f"steps {_span(batch.steps)}" if batch.steps else "params"
-                warnings.warn(
-                    f"mlflow: {redact_text(str(self.tracking_uri))} rejected the batch of {what} ({redact_text(str(exc))}); it is not "
-                    "retried (counted in MlflowSink.rejected; the journal keeps the frames)",
-                    stacklevel=3,
-                )
+                self._rejected(batch, exc)
                 continue
             if self._degraded and seq >= self._probe_from:
                 self._failed_probes += 1
@@ -865,6 +859,21 @@ class MlflowSink:
                 f"{sum(len(b.steps) for b in self._held)} held frame(s)",
                 stacklevel=3,
             )
+
+    def _rejected(self, batch: _Batch, exc: BaseException) -> None:
+        """A batch MLflow refused as invalid: counted, not retried, warned about the first time only (a
+        run deleted by hand mid-training refuses every later batch the same way: one warning, not one
+        per batch)."""
+        self.rejected += 1
+        if self.rejected > 1:
+            return
+        what = f"steps {_span(batch.steps)}" if batch.steps else "params"
+        warnings.warn(
+            f"mlflow: {redact_text(str(self.tracking_uri))} rejected the batch of {what} ({redact_text(str(exc))}); it is "
+            "not retried, and later rejected batches are not warned about (all are counted in MlflowSink.rejected; "
+            "the journal keeps the frames)",
+            stacklevel=4,
+        )
 
     @staticmethod
     def _truncate(text: str, limit: int, kind: str, key: str) -> str:
