@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import os
+import subprocess
+import sys
 import time
 import uuid
 import warnings
@@ -19,13 +22,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _mlflow_server import free_port, start_server, stop_server
+from _runs import GRPO_ADAPTERS, grpo_run
 from mlflow import MlflowClient
 
 from posttrain_metrics import Frame
 from posttrain_metrics.core.keys import describe
 from posttrain_metrics.core.reducer import resolve_adapters
 from posttrain_metrics.integrations import RunInfo
-from posttrain_metrics.integrations.mlflow import MlflowSink
+from posttrain_metrics.integrations.memory import MemorySink
+from posttrain_metrics.integrations.mlflow import RUN_ID_TAG, MlflowSink
+from posttrain_metrics.journal import JournalSink
+from posttrain_metrics.publication import Publisher
+from posttrain_metrics.publication.follower import follow
 from posttrain_metrics.publication.process import MAX_RESTARTS, PublisherProcess
 
 TESTS = Path(__file__).resolve().parent
@@ -147,3 +156,141 @@ def test_a_run_deleted_mid_training_warns_once_not_once_per_batch(tmp_path: Path
     said = [str(w.message) for w in caught if "rejected" in str(w.message)]
     assert sink.rejected == 7  # six frames, and the run aggregates close() sends
     assert len(said) == 1 and "rejected the batch of steps 2" in said[0], said
+
+
+# -- a tracker down when the run starts ----------------------------------------------------------------
+
+LATE_TRAIN = """
+import random, sys, time
+sys.path.insert(0, {tests!r})
+from _runs import grpo_chunk
+from posttrain_metrics.callbacks import MetricsCallback
+
+cb = MetricsCallback(
+    adapters=["grpo", "reward", "trainer"], out_dir=sys.argv[1], run_id="laterun01", run_name="late",
+    sinks=[{{"type": "journal"}}, {{"type": "mlflow", "tracking_uri": sys.argv[2], "experiment_name": "late"}}],
+)
+cb.on_run_start({{"rl": {{"kl_beta": 0.04}}}})
+open(sys.argv[1] + "/started", "w").close()
+rng = random.Random(0)
+with cb:
+    for step in range(1, int(sys.argv[3]) + 1):
+        for c in range(2):
+            cb.on_chunk_end(grpo_chunk(rng, step, last=c == 1))
+        cb.on_window_end(step)
+        time.sleep(float(sys.argv[4]))
+"""
+
+
+def journal_series(journal: Path) -> dict[str, list[int]]:
+    """Each numeric key's steps in the journal, computed from the journal's own lines."""
+    steps: dict[str, list[int]] = {}
+    for line in journal.read_text().splitlines():
+        record = json.loads(line)
+        if record.get("kind") == "frame":
+            for key, value in record["metrics"].items():
+                if not isinstance(value, str):
+                    steps.setdefault(key, []).append(record["step"])
+    return steps
+
+
+def test_a_tracker_down_at_the_runs_start_gets_every_frame_once_when_it_comes_up(tmp_path: Path) -> None:
+    """A real `mlflow server` on a port chosen first and started only after the trainer's run start
+    (and its first steps): the publisher retries the tracker's start on its backoff schedule and, once
+    the server answers, sends every frame of the journal exactly once."""
+    port = free_port()
+    uri = f"http://127.0.0.1:{port}"
+    out = tmp_path / "run"
+    out.mkdir()
+    script = tmp_path / "train.py"
+    script.write_text(LATE_TRAIN.format(tests=str(TESTS)))
+    log = tmp_path / "train.stderr"
+    steps = 40
+    with open(log, "wb") as err:
+        trainer = subprocess.Popen([sys.executable, str(script), str(out), uri, str(steps), "0.25"],
+                                   stdout=subprocess.DEVNULL, stderr=err)
+    server = None
+    try:
+        for _ in range(1200):
+            if (out / "started").exists() or trainer.poll() is not None:
+                break
+            time.sleep(0.05)
+        time.sleep(5.0)  # the trainer runs on, its tracker down
+        late = frames(out / "journal.jsonl")
+        server, served = start_server(tmp_path / "server", port)
+        assert served == uri
+        assert trainer.wait(600) == 0, log.read_text()[-3000:]
+        client = MlflowClient(uri)
+        runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                                  filter_string=f"tags.`{RUN_ID_TAG}` = 'laterun01'")
+        assert len(runs) == 1, [r.info.run_id for r in runs]
+        run = runs[0]
+        expected = journal_series(out / "journal.jsonl")
+        assert expected["train/loss_avg"] == list(range(1, steps + 1))
+        for key, want in expected.items():
+            got = sorted(m.step for m in client.get_metric_history(run.info.run_id, key))
+            assert got == want, key  # every frame, once
+        assert run.info.status == "FINISHED" and run.data.params["rl/kl_beta"] == "0.04"
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+            trainer.wait()
+        if server is not None:
+            stop_server(server)
+    said = log.read_text()
+    assert "its start is retried" in said and "started on attempt" in said, said[-3000:]
+    figure(f"MLflow down at the run's start, up after {late} frames: all {steps} frames landed once")
+
+
+def frames(journal: Path) -> int:
+    try:
+        return journal.read_bytes().count(b'"kind":"frame"')
+    except FileNotFoundError:
+        return 0
+
+
+def closed_journal(path: Path, steps: int) -> None:
+    """A finished run's journal of ``steps`` GRPO frames."""
+    pub = Publisher([JournalSink(path)], adapters=GRPO_ADAPTERS, run_id="neverrun01", mode="inline")
+    pub.start({})
+    for frame in grpo_run(steps=steps):
+        pub.publish(frame)
+    pub.close()
+
+
+def test_a_tracker_that_never_comes_up_is_named_with_the_command_that_finishes_it(tmp_path: Path) -> None:
+    """Nothing listens on the tracker's port for the whole run: the publisher retries its start until
+    ``grace`` after the run's end, then names it as never started, with the publish command; it is not
+    counted as failed twice."""
+    journal = tmp_path / "journal.jsonl"
+    closed_journal(journal, 5)
+    sink = MlflowSink(tracking_uri=f"http://127.0.0.1:{free_port()}", http_max_retries=0, http_timeout=2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = follow(journal, [sink], follow=False, grace=4.0, report=False, record=False)
+    said = [str(w.message) for w in caught]
+    never = [m for m in said if "never started" in m]
+    assert len(never) == 1 and f"posttrain-metrics publish {journal}" in never[0], said
+    assert sum("its start is retried" in m for m in said) == 1, said
+    assert result["unstarted"] == ["mlflow"] and result["failures"] == {"mlflow": 1}
+    assert result["sinks"]["mlflow"]["written"] == 0
+
+
+def test_the_close_summary_names_a_tracker_that_never_started(tmp_path: Path) -> None:
+    class Unreachable(MemorySink):
+        name = "unreachable"
+
+        def start(self, run: RunInfo) -> None:
+            raise ConnectionError("tracker unreachable at start")
+
+    journal = tmp_path / "journal.jsonl"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pub = Publisher([Unreachable(), JournalSink(journal)], adapters=GRPO_ADAPTERS, mode="inline")
+        pub.start({})
+        for frame in grpo_run(steps=3):
+            pub.publish(frame)
+        pub.close()
+    said = [str(w.message) for w in caught if "never started" in str(w.message)]
+    assert len(said) == 1 and "['unreachable']" in said[0] and f"posttrain-metrics export {journal}" in said[0], said
+

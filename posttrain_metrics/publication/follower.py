@@ -52,6 +52,7 @@ from ..core.redact import redact_tree
 from ..integrations.base import Points, Sink
 from ..journal import JournalTail, Record, header_adapters, journal_closed, last_header
 from ..samples import SamplesTail, samples_path
+from .backoff import Backoff
 from .publisher import Publisher, display_frame, nonfinite_kind
 
 __all__ = ["STATUSES", "TRIM_EVERY", "JournalTail", "Pending", "Points", "Record", "Replica", "follow", "heap_trimmer",
@@ -125,10 +126,16 @@ def held_points(sink: Sink, run_id: str, name: str, keys: Iterable[str]) -> Poin
 
 
 class Replica:
-    """One sink fed from the journal at ``path``, from its own offset, in batches."""
+    """One sink fed from the journal at ``path``, from its own offset, in batches.
+
+    With ``retry`` (what :func:`follow` passes), a sink whose ``start`` fails (its tracker is down when
+    the run starts) is started again on that schedule (1, 2, 4 ... up to 60 s apart) and takes nothing
+    meanwhile: the records read after its header wait in ``parked`` (at most one batch) and
+    ``ready()`` is false, so the journal holds the rest. Once it starts, it reads back what its target
+    holds and gets every frame it lacks. Without ``retry`` (``export``), such a sink is skipped."""
 
     def __init__(self, path: Path, sink: Sink, *, batch: int = 512, lazy: bool = False,
-                 adapters: Sequence[Any] | None = None) -> None:
+                 adapters: Sequence[Any] | None = None, retry: Backoff | None = None) -> None:
         self.path = path
         self.adapters = adapters  # the run's adapter objects (in process); else by name from the header
         self.lazy = lazy  # start the sink at the first frame it lacks, not at the header
@@ -145,9 +152,15 @@ class Replica:
         self.frames = 0  # journal frames processed (sent, held already, or empty)
         self.end: str | None = None  # the status of the last end record read, None while the run goes on
         self.closed = False
+        self.retry = retry
+        self.waiting = False  # its start failed: retried on ``retry``'s schedule, nothing fed meanwhile
+        self.parked: collections.deque[Record] = collections.deque()  # read while waiting, fed once started
 
     def ready(self) -> bool:
-        """Whether the sink takes more frames now (an MLflow sink holding a full backlog does not)."""
+        """Whether the sink takes more frames now: not while its start waits for a retry (one is made
+        here when due), nor while an MLflow sink holds a full backlog."""
+        if self.waiting and not self._restart():
+            return False
         probe: Callable[[], bool] | None = getattr(self.sink, "ready", None)
         return probe() if probe is not None else True
 
@@ -156,7 +169,8 @@ class Replica:
         if self.closed or not self.ready():
             self._flush()
             return 0
-        records = self.tail.read(self.batch)
+        records = list(self.parked) or self.tail.read(self.batch)
+        self.parked.clear()
         self.feed(records)
         self.feed_samples()
         self._flush()
@@ -178,13 +192,19 @@ class Replica:
                 self.samples_written += 1
 
     def feed(self, records: Iterable[Record]) -> None:
-        """Publish ``records`` in order (what :meth:`step` read, or a journal already in memory)."""
-        for record in records:
+        """Publish ``records`` in order (what :meth:`step` read, or a journal already in memory); once
+        the sink's start fails and waits for a retry, the rest are parked for after it."""
+        it = iter(records)
+        for record in it:
+            if self.waiting:
+                self.parked.append(record)
+                self.parked.extend(it)
+                return
             if record.kind == "frame" and record.frame is not None:
-                self.frames += 1
-                self.end = None
                 if self.publisher is None:
                     raise MetricsError(f"{self.path}: a frame before the journal header")
+                self.frames += 1
+                self.end = None
                 if not record.frame.metrics:
                     continue  # an empty window: the journal's alone (the trainer warned about it)
                 if self.pending is None or self.pending(record.frame):
@@ -210,12 +230,18 @@ class Replica:
         adapters = list(self.adapters) if self.adapters is not None else list(header_adapters(header))
         pub = Publisher([self.sink], adapters=adapters, run_id=run_id,
                         run_name=str(header.get("name") or "") or None, mode="inline")
-        numeric = sorted(k for k, info in pub.keys.items() if not info.metric.labels) + sorted(
-            f"{k}/{label}" for k, info in pub.keys.items() for label in info.metric.labels)
-        existing = held_points(self.sink, run_id, pub.run_name,
-                               [*numeric, *(f"health/nonfinite/{k}" for k in pub.keys)])
-        self.pending = Pending(existing, pub.keys, self.sink.stores_nonfinite) if existing else None
         self.publisher = pub
+        existing = held_points(self.sink, run_id, pub.run_name, self._read_keys())
+        self.pending = Pending(existing, pub.keys, self.sink.stores_nonfinite) if existing else None
+
+    def _read_keys(self) -> list[str]:
+        """The series whose points say what the target holds: every numeric key, label indicator and
+        non-finite counter the run can publish."""
+        assert self.publisher is not None
+        keys = self.publisher.keys
+        numeric = sorted(k for k, info in keys.items() if not info.metric.labels) + sorted(
+            f"{k}/{label}" for k, info in keys.items() for label in info.metric.labels)
+        return [*numeric, *(f"health/nonfinite/{k}" for k in keys)]
 
     def _start_sink(self) -> None:
         if self.publisher is not None and self.header is not None:
@@ -225,6 +251,37 @@ class Replica:
             latest = last_header(self.path)
             header = latest if latest is not None and latest.get("run_id") == self.header.get("run_id") else self.header
             self.publisher.start(dict(header.get("config", {})), started=started)
+            if self.retry is not None and not self.lazy and self.sink.name in self.publisher.unstarted:
+                self.waiting = True
+                wait = self.retry.failed()
+                warnings.warn(f"{self.sink.name}: its start is retried in {wait:g} s, then with a doubling delay up "
+                              f"to {self.retry.limit:g} s until it starts; it then gets every frame of the journal "
+                              "it lacks (the trackers that started go on meanwhile)", stacklevel=2)
+
+    def _restart(self) -> bool:
+        """Start the sink again if its retry is due; whether it started. Before starting, what its
+        target holds is read back again (a tracker that comes back may hold part of the run)."""
+        assert self.retry is not None and self.publisher is not None and self.publisher.run is not None
+        if not self.retry.due():
+            return False
+        run, name = self.publisher.run, self.sink.name
+        held: Callable[[str, str, Iterable[str]], Points] | None = getattr(self.sink, "held_points", None)
+        try:
+            existing = held(run.run_id, run.name, self._read_keys()) if held is not None else None
+            self.sink.start(run)
+        except ImportError:
+            raise  # a requested backend that is not installed is an error
+        except Exception:  # still down: warned at the first failure, counted there once
+            self.retry.failed()
+            return False
+        if existing is not None:
+            self.pending = Pending(existing, self.publisher.keys, self.sink.stores_nonfinite) if existing else None
+        self.waiting = False
+        self.publisher.unstarted.discard(name)
+        warnings.warn(f"{name}: started on attempt {self.retry.failures + 1}, {self.retry.waited():.0f} s after its "
+                      "first failure; it now gets every frame of the journal it lacks", stacklevel=2)
+        self.retry.reset()
+        return True
 
     def flush(self) -> None:
         """End a batch: the sink's ``end_batch`` (one TensorBoard flush, MLflow requests merged)."""
@@ -301,8 +358,14 @@ def _attach_record(journal: Path, replicas: Sequence[Replica]) -> None:
 
 def _given_up(replica: Replica, grace: float) -> None:
     """A replica whose tracker took nothing for ``grace`` seconds at the run's end: counted as a failure
-    of its sink and warned about, with the command that sends the rest."""
+    of its sink (a tracker that never started was counted when its start failed) and warned about,
+    with the command that sends the rest."""
     name = replica.sink.name
+    if replica.waiting and replica.retry is not None:
+        warnings.warn(f"{name}: never started ({replica.retry.failures} attempts over {replica.retry.waited():.0f} s; "
+                      f"its tracker could not be reached), so it was sent no frame of this run. `posttrain-metrics "
+                      f"publish {replica.path}` sends them all", stacklevel=3)
+        return
     if replica.publisher is not None:
         replica.publisher.failures[name] = replica.publisher.failures.get(name, 0) + 1
     warnings.warn(f"{name}: its tracker took no frame for {grace:g} s after the run ended; the frames of the journal "
@@ -372,7 +435,7 @@ def follow(
     from .process import yield_cpu
 
     journal = Path(path)
-    replicas = [Replica(journal, sink, batch=batch, adapters=adapters) for sink in sinks]
+    replicas = [Replica(journal, sink, batch=batch, adapters=adapters, retry=Backoff()) for sink in sinks]
     where = status_path(journal)
     started = time.time()
     last_report = 0.0
