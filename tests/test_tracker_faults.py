@@ -294,3 +294,63 @@ def test_the_close_summary_names_a_tracker_that_never_started(tmp_path: Path) ->
     said = [str(w.message) for w in caught if "never started" in str(w.message)]
     assert len(said) == 1 and "['unreachable']" in said[0] and f"posttrain-metrics export {journal}" in said[0], said
 
+
+# -- a sweep on one SQLite store -----------------------------------------------------------------------
+
+SWEEP_TRAIN = """
+import random, sys, time
+sys.path.insert(0, {tests!r})
+from _runs import grpo_chunk
+from posttrain_metrics.callbacks import MetricsCallback
+
+import mlflow  # imported before the start, as a trainer that uses MLflow itself has it
+
+cb = MetricsCallback(
+    adapters=["grpo", "reward", "trainer"], out_dir=sys.argv[1], run_id=sys.argv[3], run_name=sys.argv[3],
+    sinks=[{{"type": "journal"}}, {{"type": "mlflow", "tracking_uri": sys.argv[2], "experiment_name": "sweep"}}],
+    publisher=sys.argv[5],
+)
+go = float(sys.argv[4])
+while time.time() < go:  # every run starts at the same instant
+    time.sleep(0.001)
+cb.on_run_start({{"seed": sys.argv[3]}})
+rng = random.Random(0)
+with cb:
+    for step in range(1, 11):
+        for c in range(2):
+            cb.on_chunk_end(grpo_chunk(rng, step, last=c == 1))
+        cb.on_window_end(step)
+"""
+
+
+@pytest.mark.parametrize("mode", ["inline", "process"])
+def test_runs_started_at_once_on_one_fresh_sqlite_store_each_hold_every_step(tmp_path: Path, mode: str) -> None:
+    """Four real trainer processes start their runs at the same instant on one fresh `sqlite:///` file
+    (a sweep): MLflow's schema is created once, and every run holds all 10 steps of its journal. Inline,
+    the four sinks open the store within milliseconds of each other (without a lock, MLflow's schema
+    creation races: `duplicate column name: step`); with publisher processes, as their start-up allows."""
+    store = tmp_path / "shared" / "mlflow.db"
+    uri = f"sqlite:///{store}"
+    script = tmp_path / "train.py"
+    script.write_text(SWEEP_TRAIN.format(tests=str(TESTS)))
+    names = [f"sweep{i}" for i in range(4)]
+    go = time.time() + 8.0  # after every interpreter has started and imported mlflow
+    procs = []
+    for name in names:
+        err = open(tmp_path / f"{name}.stderr", "wb")  # noqa: SIM115 - closed below
+        cmd = [sys.executable, str(script), str(tmp_path / name), uri, name, str(go), mode]
+        procs.append((subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err), err))
+    for proc, err in procs:
+        code = proc.wait(600)
+        err.close()
+        assert code == 0, (tmp_path / f"{proc.args[5]}.stderr").read_text()[-3000:]
+    client = MlflowClient(uri)
+    for name in names:
+        runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                                  filter_string=f"tags.`{RUN_ID_TAG}` = '{name}'")
+        assert len(runs) == 1, (name, (tmp_path / f"{name}.stderr").read_text()[-3000:])
+        expected = journal_series(tmp_path / name / "journal.jsonl")
+        assert expected["train/loss_avg"] == list(range(1, 11))
+        for key, want in expected.items():
+            assert sorted(m.step for m in client.get_metric_history(runs[0].info.run_id, key)) == want, (name, key)
+        assert runs[0].info.status == "FINISHED"

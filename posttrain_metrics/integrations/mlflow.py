@@ -132,7 +132,7 @@ import os
 import re
 import time
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -238,17 +238,55 @@ class _Names:
         return out
 
 
-def _sqlite_artifacts(uri: str) -> str | None:
-    """Where a new experiment of a ``sqlite:///`` store keeps its artifacts: ``mlartifacts`` next to
-    the database file (the embedded default's and any explicit SQLite file's), never MLflow's own
-    default of ``./mlruns`` in whatever directory the trainer happens to run from. None (the
-    server's or store's own default) for every other URI."""
+def _sqlite_file(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` URI; None for any other URI and for an in-memory store."""
     if not uri.startswith("sqlite:///"):
         return None
     path = uri[len("sqlite:///"):].split("?", 1)[0]
     if not path or path == ":memory:":
         return None
-    return (Path(path).resolve().parent / "mlartifacts").as_uri()
+    return Path(path).resolve()
+
+
+def _sqlite_artifacts(uri: str) -> str | None:
+    """Where a new experiment of a ``sqlite:///`` store keeps its artifacts: ``mlartifacts`` next to
+    the database file (the embedded default's and any explicit SQLite file's), never MLflow's own
+    default of ``./mlruns`` in whatever directory the trainer happens to run from. None (the
+    server's or store's own default) for every other URI."""
+    path = _sqlite_file(uri)
+    return (path.parent / "mlartifacts").as_uri() if path is not None else None
+
+
+@contextlib.contextmanager
+def _store_lock(uri: str) -> Iterator[None]:
+    """Hold ``<database>.lock`` (an exclusive ``flock``) while a ``sqlite:///`` store is opened.
+
+    Opening a store creates MLflow's tables and runs its schema migrations when they are missing, with
+    no lock of MLflow's own: runs of a sweep that open one fresh file at once race (``duplicate column
+    name: step``, ``table experiments already exists``) and the losers never reach the store. Under
+    the lock one process creates the schema and the others find it complete. A no-op for other URIs,
+    and where ``fcntl`` is missing (Windows)."""
+    path = _sqlite_file(uri)
+    try:
+        import fcntl
+    except ImportError:
+        path = None
+    if path is None:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file is closed
+        yield
+
+
+def _client(uri: str) -> Any:
+    """An ``MlflowClient`` for ``uri``; it opens the store (creating its schema if need be) under
+    :func:`_store_lock`."""
+    from mlflow.tracking import MlflowClient
+
+    with _store_lock(uri):
+        return MlflowClient(tracking_uri=uri)
 
 
 DIRECT_POINTS = 5000
@@ -501,7 +539,7 @@ class MlflowSink:
         self.tracking_uri, embedded = self._resolve_uri()
         if self.tracking_uri.startswith(("http://", "https://")):
             self._configure_http()
-        client = mlflow.MlflowClient(tracking_uri=self.tracking_uri)
+        client = _client(self.tracking_uri)
 
         # Which run: the one named by run_id, else the one tagged with the publisher's run id (a
         # restarted job resumes its run), else a new one.
@@ -923,9 +961,7 @@ def _span(steps: list[int]) -> str:
 
 def mlflow_run(uri: str, run_id: str) -> str | None:
     """The MLflow run tagged with the journal's run id, in any experiment (a live sink's run)."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=uri)
+    client = _client(uri)
     for experiment in client.search_experiments():
         runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.`{RUN_ID_TAG}` = '{run_id}'",
                                   max_results=1)
@@ -935,9 +971,7 @@ def mlflow_run(uri: str, run_id: str) -> str | None:
 
 
 def mlflow_points(uri: str, run_id: str, keys: Iterable[str]) -> Points:
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=uri)
+    client = _client(uri)
     points: Points = collections.Counter()
     for experiment in client.search_experiments():
         runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.`{RUN_ID_TAG}` = '{run_id}'")
