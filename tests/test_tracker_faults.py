@@ -20,6 +20,7 @@ import uuid
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _mlflow_server import free_port, start_server, stop_server
@@ -354,3 +355,62 @@ def test_runs_started_at_once_on_one_fresh_sqlite_store_each_hold_every_step(tmp
         for key, want in expected.items():
             assert sorted(m.step for m in client.get_metric_history(runs[0].info.run_id, key)) == want, (name, key)
         assert runs[0].info.status == "FINISHED"
+
+
+# -- completions tables of a long run ------------------------------------------------------------------
+
+SAMPLE_COLUMNS = ["group", "prompt", "completion", "reward", "truncated"]
+
+
+def step_rows(step: int) -> list[list[Any]]:
+    """Four rows of a step, made here (the expected values of the tables)."""
+    return [[g, f"prompt {step}.{g}", f'answer {step}.{g}, with "quotes" and a\nnewline', float((step + g) % 2), ""]
+            for g in range(4)]
+
+
+def read_table(client: MlflowClient, run_id: str, path: str, into: Path) -> dict[str, Any]:
+    return dict(json.loads(Path(client.download_artifacts(run_id, path, str(into))).read_text()))
+
+
+@pytest.mark.parametrize("block", [None, 4])
+def test_a_long_runs_completions_stay_tables_with_a_valid_tag(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              block: int | None) -> None:
+    """1,200 steps of completions into the embedded store (MLflow cut its loggedArtifacts tag past about
+    107 steps). The tag stays valid JSON within MLflow's limit and lists only tables; the tables it
+    lists hold every step's rows exactly once, and each step's own file holds its rows. With blocks of
+    4 steps the tag fills up and blocks are merged (read back from the store) until it fits."""
+    from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
+
+    from posttrain_metrics.core.samples import Samples
+    from posttrain_metrics.integrations import mlflow_tables
+
+    if block is not None:
+        monkeypatch.setattr(mlflow_tables, "BLOCK", block)
+    steps = 1200
+    sink = MlflowSink(dir=tmp_path, experiment_name="tables")
+    sink.start(run_info())
+    started = time.perf_counter()
+    for step in range(1, steps + 1):
+        rows = [dict(zip(SAMPLE_COLUMNS, row)) for row in step_rows(step)]
+        sink.write_samples(Samples(step, rows, SAMPLE_COLUMNS, offered=8))
+    per_step = (time.perf_counter() - started) / steps
+    sink.close()
+    client = MlflowClient(sink.tracking_uri)
+    tag = client.get_run(sink.run_id).data.tags["mlflow.loggedArtifacts"]
+    assert len(tag) <= MAX_TAG_VAL_LENGTH
+    entries = json.loads(tag)  # valid JSON
+    assert entries and all(e["type"] == "table" for e in entries)
+    got: dict[int, list[list[Any]]] = {}
+    for entry in entries:
+        table = read_table(client, sink.run_id, entry["path"], tmp_path / "dl")
+        assert table["columns"] == ["step", *SAMPLE_COLUMNS]
+        for row in table["data"]:
+            got.setdefault(row[0], []).append(row[1:])
+    assert sorted(got) == list(range(1, steps + 1))
+    for step in (1, 2, 107, 108, 600, steps):
+        assert got[step] == step_rows(step), step  # once each, in order
+        own = read_table(client, sink.run_id, f"posttrain_metrics/samples/step_{step:08d}.json", tmp_path / "own")
+        assert own == {"columns": SAMPLE_COLUMNS, "data": step_rows(step)}
+    assert all(got[step] == step_rows(step) for step in got)
+    figure(f"{steps} completions steps, blocks of {block or mlflow_tables.BLOCK} at first: {len(entries)} tables "
+           f"in a {len(tag)}-character tag, {per_step * 1000:.1f} ms per step (embedded store)")

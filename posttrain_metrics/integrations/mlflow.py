@@ -134,13 +134,16 @@ import time
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core.errors import MetricsError
 from ..core.frame import Frame
 from ..core.redact import param_text, redact_text
 from ..core.summary import RunSummary
 from .base import Points, RunInfo
+
+if TYPE_CHECKING:
+    from .mlflow_tables import SampleTables
 
 __all__ = ["MlflowSink"]
 
@@ -495,6 +498,7 @@ class MlflowSink:
         self._tag_names: _Names | None = None
         self._direct: _SqlitePoints | None = None  # a SQLite store's points, written straight in
         self._writer: concurrent.futures.ThreadPoolExecutor | None = None  # ... on this thread
+        self._tables: SampleTables | None = None  # the completions tables, from the first write_samples
 
     @property
     def degraded(self) -> bool:
@@ -694,6 +698,7 @@ class MlflowSink:
         self._closed = True
         if self._client is None:
             return
+        self._flush_tables()
         self._queue_aggregates()
         deadline = time.monotonic() + self.drain_timeout
         probes = self._failed_probes
@@ -737,6 +742,17 @@ class MlflowSink:
                     self._client.delete_tag(self.run_id, tag)
         self._client.set_terminated(self.run_id, status=status)
 
+    def _flush_tables(self) -> None:
+        """The open block of completions written, so that the table view holds the run's last steps
+        (each step's own file holds them already); a failure is warned about, never raised."""
+        if self._tables is None or self._degraded:
+            return
+        try:
+            self._tables.flush()
+        except Exception as exc:
+            warnings.warn(f"mlflow: the last completions table could not be written ({type(exc).__name__}: "
+                          f"{redact_text(str(exc))[:200]}); each step's own file holds its rows", stacklevel=3)
+
     def _queue_aggregates(self) -> None:
         """The run aggregates (:class:`~posttrain_metrics.core.summary.RunSummary`) as ``run/<key>``
         metrics at the last step, so that the runs table shows the run's maximum ``kl_max``, its
@@ -767,12 +783,16 @@ class MlflowSink:
             self._client.log_artifact(self.run_id, str(path), artifact_path="posttrain_metrics")
 
     def write_samples(self, samples: Any) -> None:
-        """A step's sample completions as an MLflow table (``log_table``), one artifact per step:
-        ``posttrain_metrics/samples/step_<step>.json`` (a replayed step overwrites its own file)."""
+        """A step's sample completions as MLflow tables (:mod:`.mlflow_tables`): the step's own file
+        ``posttrain_metrics/samples/step_<step>.json`` (a replayed step overwrites it) and its rows in
+        a block table listed in ``mlflow.loggedArtifacts``, which the UI shows as a table."""
         if self._client is None or self._closed or self._degraded or not samples.rows:
             return
-        data = {column: [row.get(column) for row in samples.rows] for column in samples.columns}
-        self._client.log_table(self.run_id, data=data, artifact_file=f"posttrain_metrics/samples/step_{samples.step:08d}.json")
+        if self._tables is None:
+            from .mlflow_tables import SampleTables
+
+            self._tables = SampleTables(self._client, str(self.run_id), limit=self._tag_limit)
+        self._tables.add(samples.step, list(samples.columns), samples.table())
 
     # ------------------------------------------------------------------ the queue
     def _queue(self, batch: _Batch) -> None:
