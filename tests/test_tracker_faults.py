@@ -250,6 +250,37 @@ def frames(journal: Path) -> int:
         return 0
 
 
+
+def test_a_run_deleted_mid_training_warns_once_through_the_publisher(tmp_path: Path) -> None:
+    """The same through a publisher (the follower on a thread) with completions every step: the batches,
+    the samples, the run's record and the close after the deletion cost one warning in all."""
+    from posttrain_metrics.callbacks import MetricsCallback
+
+    cb = MetricsCallback(adapters=["trainer"], out_dir=tmp_path, run_id="deletedrun01", publisher="thread",
+                         sinks=[{"type": "journal"}, {"type": "mlflow", "experiment_name": "deleted-publisher"}])
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with cb:
+            cb.on_run_start({})
+            for step in range(1, 31):
+                cb.on_chunk_end({"grad_norm": float(step)})
+                cb.on_window_end(step)
+                cb.on_samples(step, [{"group": 0, "completion": f"answer {step}"}])
+                if step == 5:
+                    for _ in range(600):  # the first frames landed: then the run is deleted by hand
+                        runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+                        if runs and "train/grad_norm" in runs[0].data.metrics:
+                            break
+                        time.sleep(0.05)
+                    else:
+                        raise AssertionError("the first frames never reached MLflow")
+                    client.delete_run(runs[0].info.run_id)
+                time.sleep(0.05)
+    ours = [str(w.message) for w in caught if "mlflow" in str(w.message) and "noload" not in str(w.message)]
+    assert len(ours) == 1 and "rejected the batch" in ours[0] and "'active' state" in ours[0], ours
+
+
 def closed_journal(path: Path, steps: int) -> None:
     """A finished run's journal of ``steps`` GRPO frames."""
     pub = Publisher([JournalSink(path)], adapters=GRPO_ADAPTERS, run_id="neverrun01", mode="inline")

@@ -499,6 +499,8 @@ class MlflowSink:
         self._direct: _SqlitePoints | None = None  # a SQLite store's points, written straight in
         self._writer: concurrent.futures.ThreadPoolExecutor | None = None  # ... on this thread
         self._tables: SampleTables | None = None  # the completions tables, from the first write_samples
+        self._gone = False  # the run was deleted meanwhile (asked when a batch is rejected)
+        self._gone_asked = 0  # the rejected count when that was last asked
 
     @property
     def degraded(self) -> bool:
@@ -734,6 +736,8 @@ class MlflowSink:
                 stacklevel=2,
             )
             return
+        if self._run_gone():
+            return  # deleted or removed meanwhile: warned at the first rejected batch, nothing to close
         _, _, run_tag = self._entities
         if self._labels:  # batches may land out of order: make the tags hold the last labels
             self._client.log_batch(self.run_id, tags=[run_tag(k, v) for k, v in self._labels.items() if v])
@@ -742,10 +746,23 @@ class MlflowSink:
                     self._client.delete_tag(self.run_id, tag)
         self._client.set_terminated(self.run_id, status=status)
 
+    def _run_gone(self) -> bool:
+        """Whether the run was deleted or removed (by hand, or by ``mlflow gc``) while it was written:
+        asked once MLflow has rejected a batch, and then remembered, so that the files and the status
+        still to come are not each refused and warned about again."""
+        if self._gone or self._gone_asked == self.rejected:
+            return self._gone
+        self._gone_asked = self.rejected  # asked again only after another rejection
+        try:
+            self._gone = str(self._client.get_run(self.run_id).info.lifecycle_stage) != "active"
+        except Exception:  # not found: removed for good
+            self._gone = True
+        return self._gone
+
     def _flush_tables(self) -> None:
         """The open block of completions written, so that the table view holds the run's last steps
         (each step's own file holds them already); a failure is warned about, never raised."""
-        if self._tables is None or self._degraded:
+        if self._tables is None or self._degraded or self._run_gone():
             return
         try:
             self._tables.flush()
@@ -777,7 +794,7 @@ class MlflowSink:
     def attach(self, files: Iterable[Path]) -> None:
         """Attach the run's own record (journal, config, doctor's report, dashboard) as artifacts under
         ``posttrain_metrics/``; the publisher calls it just before ``close``."""
-        if self._client is None or self._closed or self._degraded:
+        if self._client is None or self._closed or self._degraded or self._run_gone():
             return
         for path in files:
             self._client.log_artifact(self.run_id, str(path), artifact_path="posttrain_metrics")
@@ -786,7 +803,7 @@ class MlflowSink:
         """A step's sample completions as MLflow tables (:mod:`.mlflow_tables`): the step's own file
         ``posttrain_metrics/samples/step_<step>.json`` (a replayed step overwrites it) and its rows in
         a block table listed in ``mlflow.loggedArtifacts``, which the UI shows as a table."""
-        if self._client is None or self._closed or self._degraded or not samples.rows:
+        if self._client is None or self._closed or self._degraded or not samples.rows or self._run_gone():
             return
         if self._tables is None:
             from .mlflow_tables import SampleTables
