@@ -62,6 +62,10 @@ class Backoff:
         """Whether the next attempt may be made now."""
         return self.clock() >= self.next_at
 
+    def hurry(self) -> None:
+        """Make the next attempt due now (a last one, before giving up)."""
+        self.next_at = self.clock()
+
     def waited(self) -> float:
         """Seconds since the first failure of this series."""
         return self.clock() - self.since if self.failures else 0.0

@@ -373,6 +373,17 @@ def _given_up(replica: Replica, grace: float) -> None:
                   f"{replica.path}` sends what it lacks", stacklevel=3)
 
 
+def _last_try(stuck: Sequence[Replica]) -> bool:
+    """Before the trackers that never started are given up, one more start each, whatever their
+    backoff says; whether any started."""
+    started = False
+    for r in stuck:
+        if r.waiting and r.retry is not None:
+            r.retry.hurry()
+            started = r.ready() or not r.waiting or started
+    return started
+
+
 def _parent_gone(parent_pid: int | None) -> bool:
     return parent_pid is not None and os.getppid() != parent_pid
 
@@ -522,6 +533,9 @@ def follow(
             # warned about and left in the journal for `posttrain-metrics publish`.
             gone_since = gone_since or now
             stuck = [r for r in live if r.end is None and not r.ready()]
+            if stuck and now - gone_since > grace and _last_try(stuck):
+                gone_since = None  # a tracker that was down started at its last try: it is waited for
+                continue
             if (done and not stuck) or (stuck and now - gone_since > grace):
                 status = closed or next((e for e in ends if e), None) or "killed"
                 for r in stuck:
