@@ -12,13 +12,11 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
-import os
 import subprocess
 import sys
 import time
 import uuid
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,19 +37,7 @@ from posttrain_metrics.publication.follower import follow
 from posttrain_metrics.publication.process import MAX_RESTARTS, PublisherProcess
 
 TESTS = Path(__file__).resolve().parent
-HTTP_ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_HTTP_REQUEST_MAX_RETRIES",
-            "MLFLOW_HTTP_REQUEST_TIMEOUT", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR")
-
-
-@pytest.fixture(autouse=True)
-def clean_env() -> Iterator[None]:
-    """The MLflow sink sets MLflow's HTTP variables for the process: each test starts and ends clean."""
-    saved = dict(os.environ)
-    for var in HTTP_ENV:
-        os.environ.pop(var, None)
-    yield
-    os.environ.clear()
-    os.environ.update(saved)
+pytestmark = pytest.mark.usefixtures("clean_mlflow_env")  # each test starts and ends without MLflow's variables
 
 
 def figure(text: str) -> None:
@@ -217,7 +203,7 @@ def test_a_tracker_down_at_the_runs_start_gets_every_frame_once_when_it_comes_up
                 break
             time.sleep(0.05)
         time.sleep(5.0)  # the trainer runs on, its tracker down
-        late = frames(out / "journal.jsonl")
+        late = (out / "journal.jsonl").read_bytes().count(b'"kind":"frame"')  # the header is written at start
         server, served = start_server(tmp_path / "server", port)
         assert served == uri
         assert trainer.wait(600) == 0, log.read_text()[-3000:]
@@ -241,14 +227,6 @@ def test_a_tracker_down_at_the_runs_start_gets_every_frame_once_when_it_comes_up
     said = log.read_text()
     assert "its start is retried" in said and "started on attempt" in said, said[-3000:]
     figure(f"MLflow down at the run's start, up after {late} frames: all {steps} frames landed once")
-
-
-def frames(journal: Path) -> int:
-    try:
-        return journal.read_bytes().count(b'"kind":"frame"')
-    except FileNotFoundError:
-        return 0
-
 
 
 def test_a_run_deleted_mid_training_warns_once_through_the_publisher(tmp_path: Path) -> None:
