@@ -14,6 +14,7 @@ import itertools
 import json
 import subprocess
 import sys
+import threading
 import time
 import uuid
 import warnings
@@ -284,6 +285,47 @@ def test_a_tracker_that_never_comes_up_is_named_with_the_command_that_finishes_i
     assert sum("its start is retried" in m for m in said) == 1, said
     assert result["unstarted"] == ["mlflow"] and result["failures"] == {"mlflow": 1}
     assert result["sinks"]["mlflow"]["written"] == 0
+
+
+def test_a_tracker_that_comes_up_between_two_retries_after_the_run_is_started_at_a_last_try(
+        tmp_path: Path) -> None:
+    """The run has ended; the tracker's next retry is 10 minutes away (an injected schedule) when a real
+    `mlflow server` comes up on its port: before giving it up at the end of ``grace``, the publisher
+    tries once more, and it gets every frame once."""
+    from posttrain_metrics.publication.backoff import Backoff
+
+    journal = tmp_path / "journal.jsonl"
+    closed_journal(journal, 5)
+    port = free_port()
+    uri = f"http://127.0.0.1:{port}"
+    sink = MlflowSink(tracking_uri=uri, experiment_name="last-try", http_max_retries=0, http_timeout=2)
+    done: dict[str, Any] = {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        thread = threading.Thread(target=lambda: done.update(follow(
+            journal, [sink], follow=False, grace=30.0, report=False, record=False,
+            retry=lambda: Backoff(first=600.0, limit=600.0))))
+        thread.start()
+        server = None
+        try:
+            for _ in range(600):  # its first start failed: the next is 600 s away
+                if any("its start is retried in 600 s" in str(w.message) for w in caught):
+                    break
+                time.sleep(0.05)
+            server, _ = start_server(tmp_path / "server", port)
+            thread.join(120)
+            assert not thread.is_alive()
+            client = MlflowClient(uri)
+            [run] = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                                       filter_string=f"tags.`{RUN_ID_TAG}` = 'neverrun01'")
+            steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "train/loss_avg"))
+        finally:
+            if server is not None:
+                stop_server(server)
+    said = [str(w.message) for w in caught]
+    assert steps == [1, 2, 3, 4, 5], steps
+    assert done["unstarted"] == [] and done["sinks"]["mlflow"]["written"] == 5
+    assert not any("never started" in m for m in said) and any("started on attempt 2" in m for m in said), said
 
 
 def test_the_close_summary_names_a_tracker_that_never_started(tmp_path: Path) -> None:

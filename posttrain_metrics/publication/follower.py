@@ -424,6 +424,7 @@ def follow(
     adapters: Sequence[Any] | None = None,
     record: bool = True,
     trim_heap: float | None = None,
+    retry: Callable[[], Backoff] = Backoff,
 ) -> dict[str, Any]:
     """Feed ``sinks`` from the journal at ``path`` until the run ends; returns the final status.
 
@@ -441,12 +442,13 @@ def follow(
     process of its own) how often the C heap is trimmed. Progress and the trackers' run ids go to
     :func:`status_path` when ``report``, with the ``state``: ``running``, ``recording`` (every replica
     read the journal to its end; the run's record is being written, then the trackers closed) and
-    ``closed``.
+    ``closed``. ``retry`` makes each replica's schedule for starting a tracker that was down
+    (:class:`~posttrain_metrics.publication.backoff.Backoff`; a test passes a slower one).
     """
     from .process import yield_cpu
 
     journal = Path(path)
-    replicas = [Replica(journal, sink, batch=batch, adapters=adapters, retry=Backoff()) for sink in sinks]
+    replicas = [Replica(journal, sink, batch=batch, adapters=adapters, retry=retry()) for sink in sinks]
     where = status_path(journal)
     started = time.time()
     last_report = 0.0
