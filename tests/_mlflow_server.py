@@ -23,9 +23,13 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["SERVER_STORES", "free_port", "mlflow_server", "start_server", "stop_server"]
+__all__ = ["HTTP_ENV", "SERVER_STORES", "clean_mlflow_env", "free_port", "mlflow_server", "start_server",
+           "stop_server"]
 
 STARTUP_TIMEOUT_S = 60.0
+HTTP_ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_HTTP_REQUEST_MAX_RETRIES",
+            "MLFLOW_HTTP_REQUEST_TIMEOUT", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR")
+"""The MLflow variables the MLflow sink reads or sets for its process."""
 SERVER_STORES: dict[str, Path] = {}
 """The directory holding each running server's SQLite store, by URI (tests search it for secrets)."""
 
@@ -131,3 +135,15 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     finally:
         stop_server(proc)
         SERVER_STORES.pop(uri, None)
+
+
+@pytest.fixture
+def clean_mlflow_env() -> Iterator[None]:
+    """The MLflow sink sets MLflow's HTTP variables for the process: a test using this starts and ends
+    without them (``pytestmark = pytest.mark.usefixtures("clean_mlflow_env")``)."""
+    saved = dict(os.environ)
+    for var in HTTP_ENV:
+        os.environ.pop(var, None)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)

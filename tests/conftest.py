@@ -10,6 +10,6 @@ for var in ("WANDB_API_KEY", "MLFLOW_TRACKING_URI", "WANDB_MODE", "WANDB_BASE_UR
 os.environ.setdefault("WANDB_SILENT", "true")
 
 import _profiles  # noqa: E402
-from _mlflow_server import mlflow_server  # noqa: E402,F401  (a real mlflow server, session-scoped)
+from _mlflow_server import clean_mlflow_env, mlflow_server  # noqa: E402,F401  (MLflow variables cleared; a real server)
 
 HYPOTHESIS_PROFILE = _profiles.load()  # before any test module builds its settings from the default

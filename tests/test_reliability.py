@@ -53,19 +53,7 @@ from posttrain_metrics.journal import JournalSink, read_journal
 from posttrain_metrics.publication import Publisher
 
 TESTS = Path(__file__).resolve().parent
-HTTP_ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_HTTP_REQUEST_MAX_RETRIES",
-            "MLFLOW_HTTP_REQUEST_TIMEOUT", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR")
-
-
-@pytest.fixture(autouse=True)
-def clean_env() -> Iterator[None]:
-    """The MLflow sink sets MLflow's HTTP variables for the process: each test starts and ends clean."""
-    saved = dict(os.environ)
-    for var in HTTP_ENV:
-        os.environ.pop(var, None)
-    yield
-    os.environ.clear()
-    os.environ.update(saved)
+pytestmark = pytest.mark.usefixtures("clean_mlflow_env")  # each test starts and ends without MLflow's variables
 
 
 def figure(text: str) -> None:

@@ -131,9 +131,9 @@ import math
 import os
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core.errors import MetricsError
 from ..core.frame import Frame
@@ -142,6 +142,9 @@ from ..core.summary import RunSummary
 from ..core.warn import warn
 from .base import Points, RunInfo
 from .factory import run_path
+
+if TYPE_CHECKING:
+    from .mlflow_tables import SampleTables
 
 __all__ = ["MlflowSink"]
 
@@ -243,17 +246,55 @@ class _Names:
         return out
 
 
-def _sqlite_artifacts(uri: str) -> str | None:
-    """Where a new experiment of a ``sqlite:///`` store keeps its artifacts: ``mlartifacts`` next to
-    the database file (the embedded default's and any explicit SQLite file's), never MLflow's own
-    default of ``./mlruns`` in whatever directory the trainer happens to run from. None (the
-    server's or store's own default) for every other URI."""
+def _sqlite_file(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` URI; None for any other URI and for an in-memory store."""
     if not uri.startswith("sqlite:///"):
         return None
     path = uri[len("sqlite:///"):].split("?", 1)[0]
     if not path or path == ":memory:":
         return None
-    return (Path(path).resolve().parent / "mlartifacts").as_uri()
+    return Path(path).resolve()
+
+
+def _sqlite_artifacts(uri: str) -> str | None:
+    """Where a new experiment of a ``sqlite:///`` store keeps its artifacts: ``mlartifacts`` next to
+    the database file (the embedded default's and any explicit SQLite file's), never MLflow's own
+    default of ``./mlruns`` in whatever directory the trainer happens to run from. None (the
+    server's or store's own default) for every other URI."""
+    path = _sqlite_file(uri)
+    return (path.parent / "mlartifacts").as_uri() if path is not None else None
+
+
+@contextlib.contextmanager
+def _store_lock(uri: str) -> Iterator[None]:
+    """Hold ``<database>.lock`` (an exclusive ``flock``) while a ``sqlite:///`` store is opened.
+
+    Opening a store creates MLflow's tables and runs its schema migrations when they are missing, with
+    no lock of MLflow's own: runs of a sweep that open one fresh file at once race (``duplicate column
+    name: step``, ``table experiments already exists``) and the losers never reach the store. Under
+    the lock one process creates the schema and the others find it complete. A no-op for other URIs,
+    and where ``fcntl`` is missing (Windows)."""
+    path = _sqlite_file(uri)
+    try:
+        import fcntl
+    except ImportError:
+        path = None
+    if path is None:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file is closed
+        yield
+
+
+def _client(uri: str) -> Any:
+    """An ``MlflowClient`` for ``uri``; it opens the store (creating its schema if need be) under
+    :func:`_store_lock`."""
+    from mlflow.tracking import MlflowClient
+
+    with _store_lock(uri):
+        return MlflowClient(tracking_uri=uri)
 
 
 DIRECT_POINTS = 5000
@@ -462,6 +503,9 @@ class MlflowSink:
         self._tag_names: _Names | None = None
         self._direct: _SqlitePoints | None = None  # a SQLite store's points, written straight in
         self._writer: concurrent.futures.ThreadPoolExecutor | None = None  # ... on this thread
+        self._tables: SampleTables | None = None  # the completions tables, from the first write_samples
+        self._gone = False  # the run was deleted meanwhile (asked when a batch is rejected)
+        self._gone_asked = 0  # the rejected count when that was last asked
 
     @property
     def degraded(self) -> bool:
@@ -506,7 +550,7 @@ class MlflowSink:
         self.tracking_uri, embedded = self._resolve_uri()
         if self.tracking_uri.startswith(("http://", "https://")):
             self._configure_http()
-        client = mlflow.MlflowClient(tracking_uri=self.tracking_uri)
+        client = _client(self.tracking_uri)
 
         # Which run: the one named by run_id, else the one tagged with the publisher's run id (a
         # restarted job resumes its run), else a new one.
@@ -666,6 +710,7 @@ class MlflowSink:
         self._closed = True
         if self._client is None:
             return
+        self._flush_tables()
         self._queue_aggregates()
         deadline = time.monotonic() + self.drain_timeout
         probes = self._failed_probes
@@ -701,6 +746,8 @@ class MlflowSink:
                 stacklevel=2,
             )
             return
+        if self._run_gone():
+            return  # deleted or removed meanwhile: warned at the first rejected batch, nothing to close
         _, _, run_tag = self._entities
         if interrupted or reason:  # how and why it ended, where the status alone cannot say
             word = "killed" if killed else "interrupted" if interrupted else "failed" if failed else "finished"
@@ -712,6 +759,30 @@ class MlflowSink:
                 with contextlib.suppress(Exception):  # already gone: nothing stale is left either way
                     self._client.delete_tag(self.run_id, tag)
         self._client.set_terminated(self.run_id, status=status)
+
+    def _run_gone(self) -> bool:
+        """Whether the run was deleted or removed (by hand, or by ``mlflow gc``) while it was written:
+        asked once MLflow has rejected a batch, and then remembered, so that the files and the status
+        still to come are not each refused and warned about again."""
+        if self._gone or self._gone_asked == self.rejected:
+            return self._gone
+        self._gone_asked = self.rejected  # asked again only after another rejection
+        try:
+            self._gone = str(self._client.get_run(self.run_id).info.lifecycle_stage) != "active"
+        except Exception:  # not found: removed for good
+            self._gone = True
+        return self._gone
+
+    def _flush_tables(self) -> None:
+        """The open block of completions written, so that the table view holds the run's last steps
+        (each step's own file holds them already); a failure is warned about, never raised."""
+        if self._tables is None or self._degraded or self._run_gone():
+            return
+        try:
+            self._tables.flush()
+        except Exception as exc:
+            warn(f"mlflow: the last completions table could not be written ({type(exc).__name__}: "
+                 f"{redact_text(str(exc))[:200]}); each step's own file holds its rows", stacklevel=3)
 
     def _queue_aggregates(self) -> None:
         """The run aggregates (:class:`~posttrain_metrics.core.summary.RunSummary`) as ``run/<key>``
@@ -737,18 +808,22 @@ class MlflowSink:
     def attach(self, files: Iterable[Path]) -> None:
         """Attach the run's own record (journal, config, doctor's report, dashboard) as artifacts under
         ``posttrain_metrics/``; the publisher calls it just before ``close``."""
-        if self._client is None or self._closed or self._degraded:
+        if self._client is None or self._closed or self._degraded or self._run_gone():
             return
         for path in files:
             self._client.log_artifact(self.run_id, str(path), artifact_path="posttrain_metrics")
 
     def write_samples(self, samples: Any) -> None:
-        """A step's sample completions as an MLflow table (``log_table``), one artifact per step:
-        ``posttrain_metrics/samples/step_<step>.json`` (a replayed step overwrites its own file)."""
-        if self._client is None or self._closed or self._degraded or not samples.rows:
+        """A step's sample completions as MLflow tables (:mod:`.mlflow_tables`): the step's own file
+        ``posttrain_metrics/samples/step_<step>.json`` (a replayed step overwrites it) and its rows in
+        a block table listed in ``mlflow.loggedArtifacts``, which the UI shows as a table."""
+        if self._client is None or self._closed or self._degraded or not samples.rows or self._run_gone():
             return
-        data = {column: [row.get(column) for row in samples.rows] for column in samples.columns}
-        self._client.log_table(self.run_id, data=data, artifact_file=f"posttrain_metrics/samples/step_{samples.step:08d}.json")
+        if self._tables is None:
+            from .mlflow_tables import SampleTables
+
+            self._tables = SampleTables(self._client, str(self.run_id), limit=self._tag_limit)
+        self._tables.add(samples.step, list(samples.columns), samples.table())
 
     # ------------------------------------------------------------------ the queue
     def _queue(self, batch: _Batch) -> None:
@@ -853,13 +928,7 @@ class MlflowSink:
             exc = errors[0]
             status = getattr(exc, "get_http_status_code", lambda: 500)()
             if 400 <= status < 500 and status not in (401, 403, 408, 429):  # invalid: resending won't help
-                self.rejected += 1
-                what = f"steps {_span(batch.steps)}" if batch.steps else "params"
-                warn(
-                    f"mlflow: {redact_text(str(self.tracking_uri))} rejected the batch of {what} ({redact_text(str(exc))}); it is not "
-                    "retried (counted in MlflowSink.rejected; the journal keeps the frames)",
-                    stacklevel=3,
-                )
+                self._rejected(batch, exc)
                 continue
             if self._degraded and seq >= self._probe_from:
                 self._failed_probes += 1
@@ -879,6 +948,21 @@ class MlflowSink:
                 f"{sum(len(b.steps) for b in self._held)} held frame(s)",
                 stacklevel=3,
             )
+
+    def _rejected(self, batch: _Batch, exc: BaseException) -> None:
+        """A batch MLflow refused as invalid: counted, not retried, warned about the first time only (a
+        run deleted by hand mid-training refuses every later batch the same way: one warning, not one
+        per batch)."""
+        self.rejected += 1
+        if self.rejected > 1:
+            return
+        what = f"steps {_span(batch.steps)}" if batch.steps else "params"
+        warn(
+            f"mlflow: {redact_text(str(self.tracking_uri))} rejected the batch of {what} ({redact_text(str(exc))}); it is "
+            "not retried, and later rejected batches are not warned about (all are counted in MlflowSink.rejected; "
+            "the journal keeps the frames)",
+            stacklevel=4,
+        )
 
     @staticmethod
     def _truncate(text: str, limit: int, kind: str, key: str) -> str:
@@ -928,9 +1012,7 @@ def _span(steps: list[int]) -> str:
 
 def mlflow_run(uri: str, run_id: str) -> str | None:
     """The MLflow run tagged with the journal's run id, in any experiment (a live sink's run)."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=uri)
+    client = _client(uri)
     for experiment in client.search_experiments():
         runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.`{RUN_ID_TAG}` = '{run_id}'",
                                   max_results=1)
@@ -940,9 +1022,7 @@ def mlflow_run(uri: str, run_id: str) -> str | None:
 
 
 def mlflow_points(uri: str, run_id: str, keys: Iterable[str]) -> Points:
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=uri)
+    client = _client(uri)
     points: Points = collections.Counter()
     for experiment in client.search_experiments():
         runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.`{RUN_ID_TAG}` = '{run_id}'")

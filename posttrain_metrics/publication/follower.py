@@ -52,6 +52,7 @@ from ..core.warn import warn
 from ..integrations.base import Points, Sink
 from ..journal import JournalTail, Record, RunFile, header_adapters, journal_closed, last_header
 from ..samples import SamplesTail, samples_path
+from .backoff import Backoff
 from .publisher import Publisher, display_frame, nonfinite_kind
 
 __all__ = ["MISSING_STEPS", "MISSING_STEP_RANGES", "STATUSES", "TRIM_EVERY", "JournalTail", "MissingSteps", "Pending", "Points", "Record", "Replica", "follow", "heap_trimmer",
@@ -157,10 +158,16 @@ class MissingSteps:
 
 
 class Replica:
-    """One sink fed from the journal at ``path``, from its own offset, in batches."""
+    """One sink fed from the journal at ``path``, from its own offset, in batches.
+
+    With ``retry`` (what :func:`follow` passes), a sink whose ``start`` fails (its tracker is down when
+    the run starts) is started again on that schedule (1, 2, 4 ... up to 60 s apart) and takes nothing
+    meanwhile: the records read after its header wait in ``parked`` (at most one batch) and
+    ``ready()`` is false, so the journal holds the rest. Once it starts, it reads back what its target
+    holds and gets every frame it lacks. Without ``retry`` (``export``), such a sink is skipped."""
 
     def __init__(self, path: Path, sink: Sink, *, batch: int = 512, lazy: bool = False,
-                 adapters: Sequence[Any] | None = None) -> None:
+                 adapters: Sequence[Any] | None = None, retry: Backoff | None = None) -> None:
         self.path = path
         self.adapters = adapters  # the run's adapter objects (in process); else by name from the header
         self.lazy = lazy  # start the sink at the first frame it lacks, not at the header
@@ -179,9 +186,15 @@ class Replica:
         self.closed = False
         self.gaps = MissingSteps()  # the journal's gaps so far, as the trackers show them
         self.end_reason = ""  # the end record's reason (why the run failed or was interrupted)
+        self.retry = retry
+        self.waiting = False  # its start failed: retried on ``retry``'s schedule, nothing fed meanwhile
+        self.parked: collections.deque[Record] = collections.deque()  # read while waiting, fed once started
 
     def ready(self) -> bool:
-        """Whether the sink takes more frames now (an MLflow sink holding a full backlog does not)."""
+        """Whether the sink takes more frames now: not while its start waits for a retry (one is made
+        here when due), nor while an MLflow sink holds a full backlog."""
+        if self.waiting and not self._restart():
+            return False
         probe: Callable[[], bool] | None = getattr(self.sink, "ready", None)
         return probe() if probe is not None else True
 
@@ -190,7 +203,8 @@ class Replica:
         if self.closed or not self.ready():
             self._flush()
             return 0
-        records = self.tail.read(self.batch)
+        records = list(self.parked) or self.tail.read(self.batch)
+        self.parked.clear()
         self.feed(records)
         self.feed_samples()
         self._flush()
@@ -212,8 +226,14 @@ class Replica:
                 self.samples_written += 1
 
     def feed(self, records: Iterable[Record]) -> None:
-        """Publish ``records`` in order (what :meth:`step` read, or a journal already in memory)."""
-        for record in records:
+        """Publish ``records`` in order (what :meth:`step` read, or a journal already in memory); once
+        the sink's start fails and waits for a retry, the rest are parked for after it."""
+        it = iter(records)
+        for record in it:
+            if self.waiting:
+                self.parked.append(record)
+                self.parked.extend(it)
+                return
             if record.kind == "frame" and record.frame is not None:
                 self.frames += 1
                 self.end = None
@@ -251,12 +271,18 @@ class Replica:
         adapters = list(self.adapters) if self.adapters is not None else list(header_adapters(header))
         pub = Publisher([self.sink], adapters=adapters, run_id=run_id,
                         run_name=str(header.get("name") or "") or None, mode="inline")
-        numeric = sorted(k for k, info in pub.keys.items() if not info.metric.labels) + sorted(
-            f"{k}/{label}" for k, info in pub.keys.items() for label in info.metric.labels)
-        existing = held_points(self.sink, run_id, pub.run_name,
-                               [*numeric, *(f"health/nonfinite/{k}" for k in pub.keys), MISSING_STEPS])
-        self.pending = Pending(existing, pub.keys, self.sink.stores_nonfinite) if existing else None
         self.publisher = pub
+        existing = held_points(self.sink, run_id, pub.run_name, self._read_keys())
+        self.pending = Pending(existing, pub.keys, self.sink.stores_nonfinite) if existing else None
+
+    def _read_keys(self) -> list[str]:
+        """The series whose points say what the target holds: every numeric key, label indicator and
+        non-finite counter the run can publish."""
+        assert self.publisher is not None
+        keys = self.publisher.keys
+        numeric = sorted(k for k, info in keys.items() if not info.metric.labels) + sorted(
+            f"{k}/{label}" for k, info in keys.items() for label in info.metric.labels)
+        return [*numeric, *(f"health/nonfinite/{k}" for k in keys), MISSING_STEPS]
 
     def _start_sink(self) -> None:
         if self.publisher is not None and self.header is not None:
@@ -266,6 +292,37 @@ class Replica:
             latest = last_header(self.path)
             header = latest if latest is not None and latest.get("run_id") == self.header.get("run_id") else self.header
             self.publisher.start(dict(header.get("config", {})), started=started)
+            if self.retry is not None and not self.lazy and self.sink.name in self.publisher.unstarted:
+                self.waiting = True
+                wait = self.retry.failed()
+                warn(f"{self.sink.name}: its start is retried in {wait:g} s, then with a doubling delay up "
+                     f"to {self.retry.limit:g} s until it starts; it then gets every frame of the journal "
+                     "it lacks (the trackers that started go on meanwhile)", stacklevel=2)
+
+    def _restart(self) -> bool:
+        """Start the sink again if its retry is due; whether it started. Before starting, what its
+        target holds is read back again (a tracker that comes back may hold part of the run)."""
+        assert self.retry is not None and self.publisher is not None and self.publisher.run is not None
+        if not self.retry.due():
+            return False
+        run, name = self.publisher.run, self.sink.name
+        held: Callable[[str, str, Iterable[str]], Points] | None = getattr(self.sink, "held_points", None)
+        try:
+            existing = held(run.run_id, run.name, self._read_keys()) if held is not None else None
+            self.sink.start(run)
+        except ImportError:
+            raise  # a requested backend that is not installed is an error
+        except Exception:  # still down: warned at the first failure, counted there once
+            self.retry.failed()
+            return False
+        if existing is not None:
+            self.pending = Pending(existing, self.publisher.keys, self.sink.stores_nonfinite) if existing else None
+        self.waiting = False
+        self.publisher.unstarted.discard(name)
+        warn(f"{name}: started on attempt {self.retry.failures + 1}, {self.retry.waited():.0f} s after its "
+             "first failure; it now gets every frame of the journal it lacks", stacklevel=2)
+        self.retry.reset()
+        return True
 
     def flush(self) -> None:
         """End a batch: the sink's ``end_batch`` (one TensorBoard flush, MLflow requests merged)."""
@@ -343,13 +400,30 @@ def _attach_record(journal: Path, replicas: Sequence[Replica]) -> None:
 
 def _given_up(replica: Replica, grace: float) -> None:
     """A replica whose tracker took nothing for ``grace`` seconds at the run's end: counted as a failure
-    of its sink and warned about, with the command that sends the rest."""
+    of its sink (a tracker that never started was counted when its start failed) and warned about,
+    with the command that sends the rest."""
     name = replica.sink.name
+    if replica.waiting and replica.retry is not None:
+        warn(f"{name}: never started ({replica.retry.failures} attempts over {replica.retry.waited():.0f} s; "
+             f"its tracker could not be reached), so it was sent no frame of this run. `posttrain-metrics "
+             f"publish {replica.path}` sends them all", stacklevel=3)
+        return
     if replica.publisher is not None:
         replica.publisher.failures[name] = replica.publisher.failures.get(name, 0) + 1
     warn(f"{name}: its tracker took no frame for {grace:g} s after the run ended; the frames of the journal "
          f"from line {replica.tail.line_number + 1} on were not sent to it. `posttrain-metrics publish "
          f"{replica.path}` sends what it lacks", stacklevel=3)
+
+
+def _last_try(stuck: Sequence[Replica]) -> bool:
+    """Before the trackers that never started are given up, one more start each, whatever their
+    backoff says; whether any started."""
+    started = False
+    for r in stuck:
+        if r.waiting and r.retry is not None:
+            r.retry.hurry()
+            started = r.ready() or not r.waiting or started
+    return started
 
 
 def _parent_gone(parent_pid: int | None) -> bool:
@@ -392,6 +466,7 @@ def follow(
     adapters: Sequence[Any] | None = None,
     record: bool = True,
     trim_heap: float | None = None,
+    retry: Callable[[], Backoff] = Backoff,
 ) -> dict[str, Any]:
     """Feed ``sinks`` from the journal at ``path`` until the run ends; returns the final status.
 
@@ -409,12 +484,13 @@ def follow(
     process of its own) how often the C heap is trimmed. Progress and the trackers' run ids go to
     :func:`status_path` when ``report``, with the ``state``: ``running``, ``recording`` (every replica
     read the journal to its end; the run's record is being written, then the trackers closed) and
-    ``closed``.
+    ``closed``. ``retry`` makes each replica's schedule for starting a tracker that was down
+    (:class:`~posttrain_metrics.publication.backoff.Backoff`; a test passes a slower one).
     """
     from .process import yield_cpu
 
     journal = Path(path)
-    replicas = [Replica(journal, sink, batch=batch, adapters=adapters) for sink in sinks]
+    replicas = [Replica(journal, sink, batch=batch, adapters=adapters, retry=retry()) for sink in sinks]
     where = status_path(journal)
     started = time.time()
     last_report = 0.0
@@ -501,6 +577,9 @@ def follow(
             # warned about and left in the journal for `posttrain-metrics publish`.
             gone_since = gone_since or now
             stuck = [r for r in live if r.end is None and not r.ready()]
+            if stuck and now - gone_since > grace and _last_try(stuck):
+                gone_since = None  # a tracker that was down started at its last try: it is waited for
+                continue
             if (done and not stuck) or (stuck and now - gone_since > grace):
                 status = closed or next((e for e in ends if e), None) or "killed"
                 for r in stuck:

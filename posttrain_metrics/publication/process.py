@@ -11,7 +11,11 @@ logs and warnings) go to ``publisher.log`` beside the journal (:func:`log_path`,
 sinks file; every line redacted on its way out, :mod:`.output`); our own warnings
 are also forwarded to the trainer's stderr, one line each, through a duplicate of that stream whose
 descriptor the child finds in ``POSTTRAIN_METRICS_WARNINGS_FD``. ``check`` (called after each journal line, a syscall at most once a second) warns
-once and restarts a publisher that died; the new one resumes from what each tracker holds.
+once and restarts a publisher that died; the new one resumes from what each tracker holds. Restarts
+back off (:class:`~posttrain_metrics.publication.backoff.Backoff`: 1, 2, 4, 8, 16, 32, then 60 s after
+each death), so that :data:`MAX_RESTARTS` restarts in a row span about five minutes: a publisher that
+dies because a tracker crashes it is still running when that tracker recovers a minute later. A
+publisher that ran :data:`STABLE` seconds before it died starts a new series (1 s, and ten more).
 
 The publisher yields the cores to the trainer (:func:`yield_cpu`): the CLI lowers it to nice 10, and
 on Linux the follower runs it at ``SCHED_IDLE`` while the trainer trains (it gets a core only when
@@ -28,18 +32,24 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from ..core.errors import user_stacklevel
 from ..core.warn import warn
 from ..journal import LOCK_FD_ENV, RunFile, RunLock
+from .backoff import LIMIT, Backoff
 
-__all__ = ["BOOTSTRAP", "MAX_RESTARTS", "WARNINGS_FD_ENV", "PublisherProcess", "log_path", "sinks_path", "yield_cpu"]
+__all__ = ["BOOTSTRAP", "MAX_RESTARTS", "STABLE", "WARNINGS_FD_ENV", "PublisherProcess", "log_path", "sinks_path",
+           "yield_cpu"]
 
 MAX_RESTARTS = 10
-"""A publisher that keeps dying (a bug, a tracker that crashes it) is restarted this many times."""
+"""A publisher that keeps dying (a bug, a tracker that crashes it) is restarted this many times in a
+row, after 1, 2, 4, 8, 16, 32, 60, 60, 60 and 60 s: 303 s in all."""
+
+STABLE = 5 * LIMIT
+"""Seconds a publisher must have run before it dies for its restart to start a new series."""
 
 
 WARNINGS_FD_ENV = "POSTTRAIN_METRICS_WARNINGS_FD"
@@ -170,10 +180,12 @@ def sinks_path(journal: Path) -> Path:
 
 
 class PublisherProcess:
-    """One publisher process for the journal at ``journal`` and the sinks ``configs``."""
+    """One publisher process for the journal at ``journal`` and the sinks ``configs``. ``clock`` and
+    ``sleep`` (monotonic seconds) are injected so that a test walks the restart schedule quickly."""
 
     def __init__(self, journal: Path, configs: Sequence[Mapping[str, Any]], *, check_every: float = 1.0,
-                 imports: Sequence[str] = (), lock: RunLock | None = None) -> None:
+                 imports: Sequence[str] = (), lock: RunLock | None = None, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
         self.journal = journal
         # The run's lock, shared with each publisher process started (see RunLock): this copy is held until
         # wait() is done, so that a publisher restarted after the journal's close still inherits it.
@@ -182,7 +194,13 @@ class PublisherProcess:
         self.configs = [dict(c) for c in configs]
         self.check_every = check_every
         self.proc: subprocess.Popen[bytes] | None = None
-        self.restarts = 0
+        self.restarts = 0  # deaths before the run's end, in all
+        self.clock = clock
+        self.sleep = sleep
+        self.backoff = Backoff(clock=clock)  # its failures: deaths in a row, this series
+        self._spawned = 0.0
+        self._down = False  # dead, its restart scheduled
+        self._given_up = False  # died MAX_RESTARTS times in a row: left dead
         self._checked = 0.0
         self._closing = False
 
@@ -235,36 +253,49 @@ class PublisherProcess:
         finally:
             for fd in fds:
                 os.close(fd)
-        self._checked = time.monotonic()
+        self._spawned = self._checked = self.clock()
+        self._down = False
 
     def check(self) -> None:
-        """Restart the publisher if it died (warned once); at most one syscall per ``check_every``."""
-        now = time.monotonic()
-        if self._closing or self.proc is None or now - self._checked < self.check_every:
+        """Restart the publisher if it died (warned once), once its backoff delay has passed; at most
+        one syscall per ``check_every``."""
+        now = self.clock()
+        if self._closing or self._given_up or self.proc is None or now - self._checked < self.check_every:
             return
         self._checked = now
-        code = self.proc.poll()
-        if code is None:
-            return
-        self._restart(code)
+        if not self._down:
+            code = self.proc.poll()
+            if code is None:
+                return
+            self._died(code)
+        if self._down and self.backoff.due():
+            self._spawn()
 
-    def _restart(self, code: int) -> None:
+    def _died(self, code: int) -> None:
+        """Count a death and schedule the restart (``_down``), or give up after MAX_RESTARTS in a row."""
+        if self.clock() - self._spawned >= STABLE:
+            self.backoff.reset()  # it ran a good while: a new fault, a new series
         self.restarts += 1
         if self.restarts == 1:
             warn(
                 f"the publisher process (pid {self.pid}) exited with status {code} before the run's end; "
-                "training is not affected and the journal keeps every frame. Restarted; it resumes from "
-                "what each tracker holds (warned once, counted in restarts)",
+                "training is not affected and the journal keeps every frame. Restarted after "
+                f"{self.backoff.delay(1):g} s, then with a doubling delay up to {self.backoff.limit:g} s while it "
+                "keeps dying; it resumes from what each tracker holds (warned once, counted in restarts)",
                 stacklevel=user_stacklevel(),
             )
-        if self.restarts <= MAX_RESTARTS:
-            self._spawn()
-        elif self.restarts == MAX_RESTARTS + 1:
-            warn(f"the publisher process died {MAX_RESTARTS} times; not restarted again. The journal "
-                 f"keeps every frame: `{self.command()}` publishes them", stacklevel=user_stacklevel())
+        if self.backoff.failures < MAX_RESTARTS:
+            self.backoff.failed()
+            self._down = True
+        elif not self._given_up:
+            self._given_up = True
+            warn(f"the publisher process died {MAX_RESTARTS} times in a row; not restarted again. The "
+                 f"journal keeps every frame: `{self.command()}` publishes them", stacklevel=user_stacklevel())
 
     def wait(self, timeout: float) -> bool:
-        """Wait for the publisher to close the trackers (it does on the journal's end record); then this
+        """Wait for the publisher to close the trackers (it does on the journal's end record). One
+        that died before (or while) the end record was written is restarted once its backoff delay
+        has passed, within ``timeout``, to drain the journal and close the trackers. Then this
         process's part of the run's lock is released (a publisher still running keeps holding it)."""
         try:
             return self._wait(timeout)
@@ -276,15 +307,21 @@ class PublisherProcess:
         self._closing = True
         if self.proc is None:
             return True
+        deadline = self.clock() + timeout
         try:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             return False
-        if self.proc.returncode and self.restarts < MAX_RESTARTS:
-            # It died before the end record: one more, which drains and closes (the end is written).
-            self._restart(self.proc.returncode)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                return False
+        if self.proc.returncode and not self._down and not self._given_up:
+            self._died(self.proc.returncode)
+        if not self._down:
+            return True
+        self.sleep(max(0.0, min(self.backoff.next_at, deadline) - self.clock()))
+        if not self.backoff.due():
+            return False
+        self._spawn()
+        try:
+            self.proc.wait(max(0.0, deadline - self.clock()))
+        except subprocess.TimeoutExpired:
+            return False
         return True

@@ -441,6 +441,19 @@ class Publisher:
                      f"{self._left()}; `{self.process.command()}` finishes it", stacklevel=user_stacklevel())
             else:
                 self._merge(self._report())
+        self._warn_unstarted()
+
+    def _warn_unstarted(self) -> None:
+        """The close summary's word on trackers that never started (down from the run's start to its
+        end): none of the run is in them, and the command that sends it all."""
+        never = sorted(self.unstarted - {"journal"})
+        if not never or self.journal_path is None:
+            return
+        fix = (f"`{self.process.command()}` sends them" if self.process is not None
+               else f"`posttrain-metrics export {self.journal_path} --to KIND` replays them into a tracker")
+        warn(f"tracker(s) {never} never started during the run (unreachable at its start and at every "
+             f"retry); they hold none of its frames, which the journal keeps: {fix}",
+             stacklevel=user_stacklevel())
 
     def _merge(self, report: Mapping[str, Any]) -> None:
         """The followers' failures and unstarted sinks, counted here as if written here."""
