@@ -257,7 +257,9 @@ def test_a_run_deleted_mid_training_warns_once_through_the_publisher(tmp_path: P
                     client.delete_run(runs[0].info.run_id)
                 time.sleep(0.05)
     ours = [str(w.message) for w in caught if "mlflow" in str(w.message) and "noload" not in str(w.message)]
-    assert len(ours) == 1 and "rejected the batch" in ours[0] and "'active' state" in ours[0], ours
+    # Whichever reaches MLflow first after the deletion (a batch of frames or a step's completions) is
+    # the one warning; everything after it is counted, not warned about.
+    assert len(ours) == 1 and "rejected the" in ours[0] and "'active' state" in ours[0], ours
 
 
 def closed_journal(path: Path, steps: int) -> None:

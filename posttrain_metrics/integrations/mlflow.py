@@ -823,7 +823,15 @@ class MlflowSink:
             from .mlflow_tables import SampleTables
 
             self._tables = SampleTables(self._client, str(self.run_id), limit=self._tag_limit)
-        self._tables.add(samples.step, list(samples.columns), samples.table())
+        try:
+            self._tables.add(samples.step, list(samples.columns), samples.table())
+        except Exception as exc:
+            # The run deleted by hand before any batch was refused: the completions are the first to
+            # find out. Counted and warned as a refused batch (once), not as a failing sink.
+            self._gone_asked = -1
+            if not self._run_gone():
+                raise
+            self._rejected(f"the completions of step {samples.step}", exc)
 
     # ------------------------------------------------------------------ the queue
     def _queue(self, batch: _Batch) -> None:
@@ -928,7 +936,7 @@ class MlflowSink:
             exc = errors[0]
             status = getattr(exc, "get_http_status_code", lambda: 500)()
             if 400 <= status < 500 and status not in (401, 403, 408, 429):  # invalid: resending won't help
-                self._rejected(batch, exc)
+                self._rejected(f"the batch of steps {_span(batch.steps)}" if batch.steps else "the batch of params", exc)
                 continue
             if self._degraded and seq >= self._probe_from:
                 self._failed_probes += 1
@@ -949,16 +957,15 @@ class MlflowSink:
                 stacklevel=3,
             )
 
-    def _rejected(self, batch: _Batch, exc: BaseException) -> None:
-        """A batch MLflow refused as invalid: counted, not retried, warned about the first time only (a
-        run deleted by hand mid-training refuses every later batch the same way: one warning, not one
-        per batch)."""
+    def _rejected(self, what: str, exc: BaseException) -> None:
+        """A batch (or a step's completions) MLflow refused as invalid: counted, not retried, warned about
+        the first time only (a run deleted by hand mid-training refuses every later batch the same way:
+        one warning, not one per batch)."""
         self.rejected += 1
         if self.rejected > 1:
             return
-        what = f"steps {_span(batch.steps)}" if batch.steps else "params"
         warn(
-            f"mlflow: {redact_text(str(self.tracking_uri))} rejected the batch of {what} ({redact_text(str(exc))}); it is "
+            f"mlflow: {redact_text(str(self.tracking_uri))} rejected {what} ({redact_text(str(exc))}); it is "
             "not retried, and later rejected batches are not warned about (all are counted in MlflowSink.rejected; "
             "the journal keeps the frames)",
             stacklevel=4,
