@@ -515,8 +515,8 @@ class Layout:
         near = suggest(source, [*self.keys, *self.ignored])
         hint = f" (did you mean {', '.join(repr(n) for n in near)}?)" if near else ""
         return (
-            f"source name {source!r:.80} is not declared by adapters [{names}]{hint}; fix: use a declared "
-            f"source name, add the adapter that declares it, or {one_line_fix(source[:80])}"
+            f"source name {source!r:.80} is not declared by adapters [{names}]{hint}; "
+            f"{one_line_fix(source[:80], self.adapters)}"
         )
 
     # -- many ranks -----------------------------------------------------------------------------
