@@ -96,7 +96,7 @@ def test_a_value_on_an_interior_edge_goes_in_the_bin_that_edge_opens() -> None:
     assert h.counts == [1, 0, 2] + [0] * 16 + [1]
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=400)
 @given(st.lists(st.floats(-1e6, 1e6, allow_nan=False) | st.sampled_from([-1.0, -0.8, -0.6, 0.0, 0.2, 0.7]),
                 min_size=2, max_size=40))
 def test_histogram_counts_agree_with_their_published_edges(values: list[float]) -> None:

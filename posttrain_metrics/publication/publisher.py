@@ -53,7 +53,7 @@ from ..core.redact import config_tree, flatten_config, redact_text
 from ..core.reducer import AdapterSpec, resolve_adapters
 from ..core.values import Scalar
 from ..integrations.base import RunInfo, Sink, tracker_settings
-from ..journal import SAFE_RUN_ID
+from ..journal import MAX_HEADER_DEPTH, SAFE_RUN_ID, nesting
 
 __all__ = ["MODES", "Publisher", "display_frame", "nonfinite_kind"]
 
@@ -271,6 +271,11 @@ class Publisher:
                     stacklevel=user_stacklevel(),
                 )
             return self.run
+        if config and nesting(config) >= MAX_HEADER_DEPTH:  # the header holds it one level down
+            raise MetricsError(
+                f"the run's config nests {nesting(config)} levels deep; a journal header holds at most "
+                f"{MAX_HEADER_DEPTH - 1} (readers refuse a deeper one as damaged); fix: flatten the config"
+            )
         run = RunInfo(
             run_id=self.run_id,
             name=self.run_name,
