@@ -4,14 +4,12 @@ A rank that added no chunk at all to a window still reports nothing (uneven data
 
 from __future__ import annotations
 
-import datetime
-import os
-import traceback
+import functools
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _runs import run_ranks
+from _runs import gloo_rank, run_ranks
 
 from posttrain_metrics import MetricReducer, MetricsError, reduce_metrics
 
@@ -28,41 +26,23 @@ def test_in_process_a_rank_without_the_counter_is_refused() -> None:
         "optim/updates_skipped": 1}
 
 
-def _rank(rank: int, store: str, results: Any, world: int) -> None:
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+def _scenario(rank: int, world: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
+    reducer = MetricReducer(["trainer"])
+    # the last rank never reports updates_skipped; the others report 1
+    reducer.add({"update_outcome": "skipped", **({} if rank == world - 1 else {"updates_skipped": 1})})
     try:
-        import torch.distributed as dist
-
-        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=60))
-        reducer = MetricReducer(["trainer"])
-        # the last rank never reports updates_skipped; the others report 1
-        reducer.add({"update_outcome": "skipped", **({} if rank == world - 1 else {"updates_skipped": 1})})
-        try:
-            out["first"] = reducer.reduce(1).metrics
-        except MetricsError as exc:
-            out["first"] = f"MetricsError: {exc}"
-        reducer.add({"update_outcome": "applied", "updates_skipped": 0, "grad_norm": float(rank)})
-        out["next"] = reducer.reduce(2).metrics
-        dist.barrier()
-        dist.destroy_process_group()
-    except Exception:
-        out["crash"] = traceback.format_exc()
-    results.put((rank, out))
-
-
-def _rank2(rank: int, store: str, results: Any) -> None:
-    _rank(rank, store, results, 2)
-
-
-def _rank4(rank: int, store: str, results: Any) -> None:
-    _rank(rank, store, results, 4)
+        out["first"] = reducer.reduce(1).metrics
+    except MetricsError as exc:
+        out["first"] = f"MetricsError: {exc}"
+    reducer.add({"update_outcome": "applied", "updates_skipped": 0, "grad_norm": float(rank)})
+    out["next"] = reducer.reduce(2).metrics
+    return out
 
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_gloo_ranks_raise_together_and_stay_in_step(tmp_path: Path, world: int) -> None:
-    got = run_ranks(_rank2 if world == 2 else _rank4, tmp_path / "store", world=world)
+    got = run_ranks(functools.partial(gloo_rank, _scenario, world=world), tmp_path / "store", world=world)
     for rank in range(world):
         assert "crash" not in got[rank], got[rank]
         first = got[rank]["first"]

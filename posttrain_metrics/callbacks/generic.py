@@ -35,7 +35,7 @@ from ..core.extra import check_disjoint, normalise, user_adapters
 from ..core.frame import Frame
 from ..core.layout import RefusedChunk
 from ..core.reducer import AdapterSpec, MetricReducer, resolve_adapters
-from ..core.samples import MAX_CHARS, Histogram, Samples, cut, kept_rows, numeric_columns, offer, settle
+from ..core.samples import MAX_CHARS, Histogram, Samples, cut, kept_rows, offer, settle
 from ..integrations.base import Sink
 from ..integrations.console import check_total_steps
 from ..integrations.factory import build_sink, check_callback, plain, safe_name
@@ -248,18 +248,18 @@ class MetricsCallback:
         torch.distributed: every rank's :class:`~posttrain_metrics.core.samples.Offer` (group sizes,
         a bad row's message) to every rank, which all choose the same groups over the whole batch or
         all raise the same MetricsError; then only the chosen rows and the numbers, to rank 0."""
-        mine_offer, mine = offer(step, rows)
+        mine_offer, mine, numbers = offer(step, rows)
         where = None if self._local else distributed.group_rank_and_size(self._group)
         if where is None or where[1] == 1:
             value, kept = settle([mine_offer], self.samples_per_step)
-            return value, kept_rows(mine, kept, 0), numeric_columns(mine), len(mine)
+            return value, kept_rows(mine, kept, 0), numbers, len(mine)
         offers = distributed.all_gather_objects(mine_offer, self._group)
         value, kept = settle(offers, self.samples_per_step)
         start = sum(o.rows for o in offers[: where[0]])
-        parts = distributed.gather_to_first((kept_rows(mine, kept, start), numeric_columns(mine)), self._group)
+        parts = distributed.gather_to_first((kept_rows(mine, kept, start), numbers), self._group)
         if parts is None:
             return None
-        numbers: dict[str, list[float]] = {}
+        numbers = {}
         for _, part_numbers in parts:
             for column, values in part_numbers.items():
                 numbers.setdefault(column, []).extend(values)

@@ -243,20 +243,23 @@ class Offer:
     spans: dict[str, tuple[float, float]]  # per histogram column: this rank's (min, max)
 
 
-def offer(step: object, rows: object, where: str = "on_samples") -> tuple[Offer, list[dict[str, Any]]]:
-    """This rank's :class:`Offer` and its checked rows. Never raises: a bad step or row is the
-    offer's ``problem``, so the rank still joins the collectives and every rank raises it."""
+def offer(step: object, rows: object,
+          where: str = "on_samples") -> tuple[Offer, list[dict[str, Any]], dict[str, list[float]]]:
+    """This rank's :class:`Offer`, its checked rows and their :func:`numeric_columns`. Never raises: a
+    bad step or row is the offer's ``problem``, so the rank still joins the collectives and every
+    rank raises it."""
     try:
         value, mine = _check_step(step), check_rows(rows, where)
     except MetricsError as exc:
-        return Offer(None, str(exc), 0, {}, [], {}), []
+        return Offer(None, str(exc), 0, {}, [], {}), [], {}
     except Exception as exc:  # rows that break while being read
         return Offer(None, f"{where}: the rows could not be read ({type(exc).__name__}: {str(exc)[:200]})",
-                     0, {}, [], {}), []
+                     0, {}, [], {}), [], {}
+    numbers = numeric_columns(mine)
     sizes = Counter(_key(r, 0) for r in mine if r.get(GROUP) is not None)
-    spans = {c: (min(v), max(v)) for c, v in numeric_columns(mine).items()}
+    spans = {c: (min(v), max(v)) for c, v in numbers.items()}
     single = [i for i, r in enumerate(mine) if r.get(GROUP) is None]
-    return Offer(value, "", len(mine), dict(sizes), single, spans), mine
+    return Offer(value, "", len(mine), dict(sizes), single, spans), mine, numbers
 
 
 def settle(offers: Sequence[Offer], limit: int) -> tuple[int, frozenset[str]]:
