@@ -19,7 +19,7 @@ from .core.catalog import adapter_names, get_adapter
 from .core.errors import MetricsError
 from .core.printable import printable
 from .core.redact import redact_text
-from .core.reduction import Reduction
+from .core.reduction import Reduction, RunAggregate
 from .journal import JournalOnDisk, header_adapters, open_journal
 
 __all__ = ["main"]
@@ -27,6 +27,14 @@ __all__ = ["main"]
 
 DEMO_STEPS = 80
 """The demo's default length (``ToyConfig.steps``; stated here so that ``--help`` imports no torch)."""
+
+_RUN_AGGREGATE = {
+    RunAggregate.LAST: "the last value",
+    RunAggregate.WINDOWS: "the windows where it held",
+    RunAggregate.TOTAL: "the total",
+    RunAggregate.MAX: "the longest streak",
+}
+"""How ``keys`` words each exact counter's run aggregate."""
 
 KEYS_HEADER = ("adapter", "source name (pass this)", "published key", "reduction", "weight / count", "unit",
                "headline", "meaning")
@@ -46,8 +54,9 @@ def _keys_rows(adapters: Sequence[str]) -> list[tuple[str, ...]]:
                 how = metric.reduction.value
                 if metric.labels:
                     how += " {" + ", ".join(metric.labels) + "}"
-                if metric.per_window:
-                    how += " (the window's own count; run aggregate: the total)"
+                run = metric.run_aggregate
+                if run is not None:
+                    how += f" (run aggregate: {_RUN_AGGREGATE[run]})"
                 if metric.second_moment:
                     prefix = key.rsplit("/", 1)[0]
                     how += f" from {prefix}/{metric.mean} and {prefix}/{metric.second_moment}"

@@ -54,10 +54,10 @@ from .integrations.factory import run_path
 from .lines import LineFile
 
 __all__ = [
-    "BACKLOG_BYTES", "FORMAT", "LOCK_FD_ENV", "SAFE_RUN_ID", "VERSION", "FramesOnDisk", "Gap", "Journal",
-    "JournalOnDisk", "JournalSink", "JournalTail", "PhaseSpan", "Record", "RunFile", "RunLock", "describe_gap",
-    "gap_problem", "header_adapters", "journal_closed", "last_header", "missing_summary", "open_journal",
-    "read_journal",
+    "BACKLOG_BYTES", "FORMAT", "LOCK_FD_ENV", "MAX_HEADER_DEPTH", "SAFE_RUN_ID", "VERSION", "FramesOnDisk", "Gap",
+    "Journal", "JournalOnDisk", "JournalSink", "JournalTail", "LineCheck", "PhaseSpan", "Record", "RunFile", "RunLock",
+    "describe_gap", "gap_problem", "header_adapters", "journal_closed", "last_header", "missing_summary", "nesting",
+    "open_journal", "read_journal",
 ]
 
 _orjson: Any = None
@@ -117,18 +117,6 @@ def _loads(line: str | bytes) -> tuple[Any, bool]:
             if type(record) is dict and record.get("kind") == "frame":
                 return record, True
     return json.loads(line), False
-
-
-def _frame_metrics(line: str | bytes, record: dict[str, Any], fast: bool) -> tuple[dict[str, Any], dict[str, Scalar]]:
-    """A frame record's decoded metrics. orjson reads an integer beyond 64 bits as a float (json: an
-    integer, which readers refuse): a frame with a float that large, a step that is not an int or a
-    phase that is not a string is read again by json, so the two readings never differ."""
-    metrics = _metrics(record)
-    if fast and (type(record.get("step")) is not int or type(record.get("phase", "train")) is not str
-                 or any(type(v) is float and (v >= _INT64 or v <= -_INT64) for v in metrics.values())):
-        record = json.loads(line)
-        metrics = _metrics(record)
-    return record, metrics
 
 
 class RunFile(enum.Enum):
@@ -829,6 +817,25 @@ def _catalogue(header: Mapping[str, Any]) -> dict[str, KeyInfo]:
         return {}
 
 
+MAX_HEADER_DEPTH = 100
+"""The deepest nesting of a journal header's values (its config) that readers take: far beyond any
+trainer's config, and well within what the recursive readers downstream (redaction, the trackers'
+config flattening) can walk; a deeper header is refused as damaged, never a RecursionError."""
+
+
+def nesting(value: Any) -> int:
+    """How deep ``value`` nests (a scalar: 0), iteratively: no recursion limit."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        if isinstance(item, list):
+            deepest = max(deepest, level + 1)
+            stack.extend((child, level + 1) for child in item if isinstance(child, (dict, list)))
+    return deepest
+
+
 def _check_header(path: Path, header: Mapping[str, Any]) -> None:
     """A header's fields have the types the writer gives them; the run id is a safe name (it
     becomes file names and tracker queries on export), so a hostile header is refused here."""
@@ -846,6 +853,9 @@ def _check_header(path: Path, header: Mapping[str, Any]) -> None:
         problem = f"extra {header.get('extra')!r:.80} is not a JSON object of key declarations"
     elif "created" in header and not _finite_number(header["created"]):
         problem = f"created {header['created']!r:.40} is not a finite time in seconds"
+    elif nesting(header) > MAX_HEADER_DEPTH:
+        problem = (f"values nest more than {MAX_HEADER_DEPTH} levels deep (a config nests a few; every "
+                   "reader of a config walks it level by level)")
     if problem:
         raise MetricsError(f"{path}: the journal header's {problem}; the file is damaged or not ours")
 
@@ -881,6 +891,82 @@ def open_journal(path: str | os.PathLike[str]) -> JournalOnDisk:
                          spans, found.gaps)
 
 
+class LineCheck:
+    """The one reading of a journal line, shared by the file reader (:func:`read_journal`,
+    :func:`open_journal`: ``export``, ``doctor``, ``plot``) and the live :class:`JournalTail` (the
+    publisher), so that the publisher never sends a frame that ``export`` would refuse: UTF-8, one JSON
+    object, no lone surrogate, every header checked (format, version, field types, a safe run id,
+    nesting), frames checked against the first header's catalogue (an integer step within +/-2**53,
+    a finite time, declared labels, numbers where numbers are declared), an end record's time finite.
+    Each method raises what its caller names: ``ValueError``/``RecursionError`` for a line that is not
+    a journal line, a :class:`MetricsError` for a header, ``KeyError``/``TypeError``/``ValueError``/
+    ``AttributeError``/``OverflowError`` for a malformed frame."""
+
+    FRAME_ERRORS = (KeyError, TypeError, ValueError, AttributeError, OverflowError)
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.first: dict[str, Any] | None = None  # the first header: it names the run and its keys
+        self.keys: dict[str, KeyInfo] = {}
+        self.labelled: dict[str, tuple[str, ...]] = {}
+
+    @staticmethod
+    def record(line: str | UnicodeDecodeError) -> tuple[dict[str, Any], bool]:
+        """The line's JSON object, and whether orjson parsed it (see :func:`_loads`)."""
+        if isinstance(line, UnicodeDecodeError):
+            raise ValueError(_encoding_problem(line))
+        record, strict = _loads(line)
+        if not isinstance(record, dict):
+            raise ValueError("not a JSON object")
+        if not strict and any(_SURROGATE.search(text) for text in _strings(record)):
+            raise ValueError("a string holds a lone surrogate (\\ud800-\\udfff), which is not text "
+                             "any tracker can store")
+        return record, strict
+
+    def header(self, record: dict[str, Any], number: int) -> None:
+        """Check a header line (the first names the run; a resumed run appends its own)."""
+        if record.get("format") != FORMAT:
+            if self.first is None:
+                raise MetricsError(f"{self.path}: the first line is not a {FORMAT} header; is this a journal?")
+            raise MetricsError(f"{self.path}:{number}: a header that is not a {FORMAT} header; the file is damaged")
+        version = record.get("version")
+        if type(version) is not int or version != VERSION:  # not true, not 1.0
+            raise MetricsError(
+                f"{self.path}: journal format version {record.get('version')!r}; this posttrain-metrics "
+                f"reads version {VERSION}; fix: upgrade posttrain-metrics"
+            )
+        _check_header(self.path, record)
+        if self.first is None:
+            self.first = record
+            self.keys = _catalogue(record)
+            self.labelled = {key: info.metric.labels for key, info in self.keys.items() if info.metric.labels}
+
+    def frame(self, line: str, record: dict[str, Any], strict: bool) -> Frame:
+        """A frame line as its :class:`Frame`, checked against the catalogue (see the class)."""
+        # orjson's dict as it is, unless a value needs decoding ({"$float": ...}); a frame that is not
+        # plainly valid (see _plain_frame: a float beyond 64-bit integers among others) is read again
+        # by json, which decides, and checked value by value
+        metrics = record["metrics"] if strict and "$float" not in line else _metrics(record)
+        if not (type(metrics) is dict and _plain_frame(record, metrics, self.keys, self.labelled)):
+            if strict:
+                record = json.loads(line)
+                metrics = _metrics(record)
+            _check_frame(record, metrics, self.keys)  # names what is wrong, if anything is
+        return Frame(record["step"], metrics, str(record.get("phase", "train")), float(record.get("time", 0.0)))
+
+    @staticmethod
+    def end(record: Mapping[str, Any]) -> None:
+        if "time" in record and not _finite_number(record["time"]):
+            raise ValueError(f"end record's time {record['time']!r:.40} is not a finite number")
+
+    @staticmethod
+    def gap(record: Mapping[str, Any]) -> None:
+        """A gap record (frames the writer could not keep: see :class:`JournalSink`) well formed."""
+        problem = gap_problem(record)
+        if problem:
+            raise ValueError(problem)
+
+
 @dataclasses.dataclass
 class _Pass:
     """What a pass over a journal (:func:`_frames`) found besides its frames."""
@@ -902,8 +988,7 @@ def _frames(p: Path, found: _Pass, *, size: int | None = None, identity: tuple[i
     record and notes (a skipped torn line) go to ``found`` (warned about too, with ``warn``, at the
     caller ``stacklevel`` frames up from the warning)."""
     damaged: tuple[int, str] | None = None
-    keys: dict[str, KeyInfo] = {}
-    labelled: dict[str, tuple[str, ...]] = {}
+    check = LineCheck(p)
 
     def note(text: str) -> None:
         found.notes.append(text)
@@ -912,14 +997,7 @@ def _frames(p: Path, found: _Pass, *, size: int | None = None, identity: tuple[i
 
     for number, line, unterminated in _lines(p, size, identity):
         try:
-            if isinstance(line, UnicodeDecodeError):
-                raise ValueError(_encoding_problem(line))
-            record, strict = _loads(line)
-            if not isinstance(record, dict):
-                raise ValueError("not a JSON object")
-            if not strict and any(_SURROGATE.search(text) for text in _strings(record)):
-                raise ValueError("a string holds a lone surrogate (\\ud800-\\udfff), which is not text "
-                                 "any tracker can store")
+            record, strict = check.record(line)
         except (ValueError, RecursionError) as exc:  # RecursionError: nesting too deep to decode
             if unterminated:
                 note(f"{p}:{number}: skipped a torn last line (the writer stopped mid-line)")
@@ -928,58 +1006,42 @@ def _frames(p: Path, found: _Pass, *, size: int | None = None, identity: tuple[i
                 raise MetricsError(f"{p}:{number}: not a journal line ({exc}); the file is damaged") from None
             damaged = (number, str(exc))  # a crash's torn line, if a resumed run's header follows it
             continue
+        assert isinstance(line, str)  # a line that is not UTF-8 was refused above
         kind = record.get("kind")
         if damaged is not None:
             if kind != "header" or found.first is None:
                 raise MetricsError(f"{p}:{damaged[0]}: not a journal line ({damaged[1]}); the file is damaged")
             note(f"{p}:{damaged[0]}: skipped a line torn by a crash; the run resumed after it")
             damaged = None
-        if found.first is None:
-            if kind != "header" or record.get("format") != FORMAT:
-                raise MetricsError(f"{p}: the first line is not a {FORMAT} header; is this a journal?")
-            version = record.get("version")
-            if type(version) is not int or version != VERSION:  # not true, not 1.0
-                raise MetricsError(
-                    f"{p}: journal format version {record.get('version')!r}; this posttrain-metrics "
-                    f"reads version {VERSION}; fix: upgrade posttrain-metrics"
-                )
-            _check_header(p, record)
-            found.first = record
-            keys = _catalogue(record)
-            labelled = {key: info.metric.labels for key, info in keys.items() if info.metric.labels}
+        if found.first is None and kind != "header":
+            raise MetricsError(f"{p}: the first line is not a {FORMAT} header; is this a journal?")
+        if kind == "header":
+            check.header(record, number)
+            found.first = check.first
         elif kind == "frame":
             try:
-                # orjson's dict as it is, unless a value needs decoding ({"$float": ...}); a frame that is
-                # not plainly valid (see _plain_frame: a float beyond 64-bit integers among others) is
-                # read again by json, which decides, and checked value by value
-                metrics = record["metrics"] if strict and "$float" not in line else _metrics(record)
-                if not (type(metrics) is dict and _plain_frame(record, metrics, keys, labelled)):
-                    if strict:
-                        record = json.loads(line)
-                        metrics = _metrics(record)
-                    _check_frame(record, metrics, keys)  # names what is wrong, if anything is
-                frame = Frame(record["step"], metrics, str(record.get("phase", "train")),
-                              float(record.get("time", 0.0)))
-            except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+                frame = check.frame(line, record, strict)
+            except LineCheck.FRAME_ERRORS as exc:
                 if unterminated:
                     found.notes.append(f"{p}:{number}: skipped a torn last line")
                     continue
                 raise MetricsError(f"{p}:{number}: malformed frame ({exc!r})") from None
         elif kind == "end":
-            if "time" in record and not _finite_number(record["time"]):
+            try:
+                check.end(record)
+            except ValueError as exc:
                 if unterminated:
                     continue
-                raise MetricsError(f"{p}:{number}: end record's time {record['time']!r:.40} is not a finite number")
+                raise MetricsError(f"{p}:{number}: {exc}") from None
             found.end = record
             continue
-        elif kind == "header":
-            pass  # a resumed run appends its own header; the first one names the run
         elif kind == "gap":
-            problem = gap_problem(record)
-            if problem:
+            try:
+                check.gap(record)
+            except ValueError as exc:
                 if unterminated:
                     continue
-                raise MetricsError(f"{p}:{number}: malformed gap record ({problem})")
+                raise MetricsError(f"{p}:{number}: malformed gap record ({exc})") from None
             found.gaps.append(record)
             continue
         else:
@@ -1008,17 +1070,31 @@ class Record:
 
 
 class JournalTail:
-    """Reads the complete lines appended to a journal since the last call (a torn last line waits)."""
+    """Reads the complete lines appended to a journal since the last call (a torn last line waits).
+
+    Every line is read by the reader's own :class:`LineCheck`, with the reader's one recovery: a line
+    that is not JSON followed by a header is a line torn by a crash, the run having resumed after
+    it; followed by anything else it is damage (a :class:`MetricsError`). Live, what follows such a
+    line is not known yet: it waits, and ``read(final=True)`` (the file is complete) refuses it."""
 
     def __init__(self, path: Path, offset: int = 0) -> None:
         self.path = path
         self.offset = offset
         self.line_number = 0
+        self.check = LineCheck(path)
+        self.damaged: tuple[int, str] | None = None  # a line that is not JSON, waiting for what follows
 
-    def read(self, limit: int = 1 << 30, max_bytes: int = 1 << 20) -> list[Record]:
+    def read(self, limit: int = 1 << 30, max_bytes: int = 1 << 20, *, final: bool = False) -> list[Record]:
         """The next ``limit`` complete lines (fewer at the end of what is written), read about
         ``max_bytes`` at a time: a follower's batch of 512 frames is one or two reads, never the whole
-        backlog at once. A torn last line waits for its end."""
+        backlog at once. A torn last line waits for its end. ``final``: the file is complete, so a
+        damaged line that nothing followed is refused."""
+        out = self._read(limit, max_bytes)
+        if final and self.damaged is not None and len(out) < limit:
+            self._refuse_damaged()
+        return out
+
+    def _read(self, limit: int, max_bytes: int) -> list[Record]:
         out: list[Record] = []
         try:
             f = open(self.path, "rb")  # noqa: SIM115 - closed below
@@ -1041,42 +1117,58 @@ class JournalTail:
                     line = data[pos:end]
                     pos = end + 1
                     self.line_number += 1
-                    if line.strip():
-                        out.append(self._parse(line))
+                    record = self._parse(line) if line.strip() else None
+                    if record is not None:
+                        out.append(record)
                 consumed += pos
                 data = data[pos:]  # a line not complete in this read: read on
         self.offset += consumed
         return out
 
-    def _parse(self, line: bytes) -> Record:
+    def _parse(self, line: bytes) -> Record | None:
+        """One line as a record (``None``: a line that is not JSON, held until the next line says
+        whether a crash tore it), read as :func:`read_journal` reads it."""
         try:
-            record, fast = _loads(line)
-            kind = record["kind"]
+            text: str | UnicodeDecodeError = line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            text = exc
+        try:
+            record, strict = self.check.record(text)
+        except (ValueError, RecursionError) as exc:
+            if self.damaged is not None or self.check.first is None:
+                raise self._not_a_line(self.line_number, repr(exc)) from None
+            self.damaged = (self.line_number, repr(exc))
+            return None
+        assert isinstance(text, str)
+        kind = record.get("kind")
+        if self.damaged is not None:
+            if kind != "header":
+                self._refuse_damaged()
+            self.damaged = None  # torn by a crash: the resumed run's header follows it
+        if self.check.first is None and kind != "header":
+            raise MetricsError(f"{self.path}: the first line is not a {FORMAT} header; is this a journal?")
+        try:
             if kind == "frame":
-                record, metrics = _frame_metrics(line, record, fast)
-                step = record["step"]
-                if isinstance(step, bool) or not isinstance(step, int):
-                    raise TypeError(f"step {step!r:.40} is not an integer")
-                frame = Frame(step, metrics, str(record.get("phase", "train")), float(record.get("time", 0.0)))
-                return Record("frame", frame=frame)
+                return Record("frame", frame=self.check.frame(text, record, strict))
             if kind == "header":
-                if record.get("format") != FORMAT:
-                    raise ValueError(f"not a {FORMAT} header")
+                self.check.header(record, self.line_number)
                 return Record("header", header=record)
             if kind == "end":
+                self.check.end(record)
                 return Record("end", status=str(record.get("status", "finished")), reason=str(record.get("reason", "")))
             if kind == "gap":
-                problem = gap_problem(record)
-                if problem:
-                    raise ValueError(problem)
+                self.check.gap(record)
                 return Record("gap", gap=record)
-            raise ValueError(f"unknown record kind {kind!r}")
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            # A crash mid-line followed by a resumed run's header: the torn part is skipped.
-            if b'"kind":"header"' in line and b'{"format"' in line:
-                return self._parse(line[line.index(b'{"format"'):])
-            raise MetricsError(f"{self.path}: line {self.line_number}: not a journal line ({exc!r:.200}); "
-                               "the file is damaged") from None
+        except LineCheck.FRAME_ERRORS as exc:
+            raise self._not_a_line(self.line_number, repr(exc)) from None
+        raise self._not_a_line(self.line_number, f"unknown record kind {kind!r:.40}")
+
+    def _not_a_line(self, number: int, why: str) -> MetricsError:
+        return MetricsError(f"{self.path}: line {number}: not a journal line ({why:.200}); the file is damaged")
+
+    def _refuse_damaged(self) -> None:
+        assert self.damaged is not None
+        raise self._not_a_line(*self.damaged)
 
 
 def last_header(path: Path, block: int = 1 << 20) -> dict[str, Any] | None:
@@ -1104,7 +1196,7 @@ def last_header(path: Path, block: int = 1 << 20) -> dict[str, Any] | None:
         return None
     try:
         record = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return record if isinstance(record, dict) else None
 

@@ -478,8 +478,8 @@ def dashboard(journal: JournalLike, findings: Sequence[Finding], output_path: st
 
     header = fig.add_subplot(grid[0, :])
     header.set_axis_off()
-    name = redact_text(str(journal.header.get("name", ""))) or "(unnamed run)"
-    header.text(0.5, 0.78, f"{name}  ·  run {journal.run_id}", ha="center", va="center", fontsize=15,
+    header.text(0.5, 0.78, f"{_title(journal.header.get('name'))}  ·  run {journal.run_id}", ha="center",
+                va="center", fontsize=15,
                 fontweight="bold", transform=header.transAxes)
     header.text(0.5, 0.12, _subtitle(journal, data, findings, unknown), ha="center", va="center",
                 fontsize=9.5, color="#444444", transform=header.transAxes)
@@ -712,6 +712,21 @@ def _draw_findings_text(ax: Axes, lines: list[tuple[str, Severity | None]]) -> N
         colour = SEVERITY_COLOURS[severity] if severity is not None else "#2ca02c"
         ax.text(0.0, 1.0 - (i + 0.5) / n, line, transform=ax.transAxes, fontsize=8.5, va="center",
                 family="monospace", color="#222222" if line.startswith(" ") else colour)
+
+
+TITLE_CHARS = 48
+"""The longest run name the plot's title shows; a longer one is cut, ending with "…" (a 5 MB name
+overflows the font rasteriser, and a long one is wider than the figure)."""
+
+
+def _title(name: object) -> str:
+    """The run name as the title shows it: redacted (a journal written before names were), cut at
+    :data:`TITLE_CHARS`, ``$`` escaped (matplotlib would read ``$...$`` as mathtext, and a malformed one
+    fails the drawing). Only its start is redacted and shown: a name of megabytes costs nothing."""
+    text = redact_text(str(name or "")[: 16 * TITLE_CHARS]) or "(unnamed run)"
+    if len(text) > TITLE_CHARS:
+        text = f"{text[:TITLE_CHARS]}…"
+    return text.replace("$", r"\$")
 
 
 def _subtitle(journal: JournalLike, data: _Data, findings: Sequence[Finding], unknown: set[str]) -> str:

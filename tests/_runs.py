@@ -291,3 +291,26 @@ LABELLED = [
     Frame(2, {"val/loss_avg": 0.3}, "val", 1_700_000_002.5),  # another phase: says nothing about the reason
     Frame(3, {"train/loss_avg": 0.3, "optim/update_outcome": "applied"}, "train", 1_700_000_003.0),
 ]
+
+
+def gloo_rank(scenario: Any, rank: int, store: str, results: Any, world: int = 2) -> None:
+    """One rank for :func:`run_ranks` (bind it with ``functools.partial(gloo_rank, scenario, world=n)``):
+    join a gloo group of ``world`` ranks over the file ``store``, run ``scenario(rank, world)`` (a dict
+    of what the rank saw), leave in step; a crash is reported as ``{"crash": traceback}``."""
+    import datetime
+    import os
+    import traceback
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    out: dict[str, Any] = {}
+    try:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=60))
+        out = scenario(rank, world)
+        dist.barrier()
+        dist.destroy_process_group()
+    except Exception:
+        out["crash"] = traceback.format_exc()
+    results.put((rank, out))

@@ -172,12 +172,12 @@ def test_run_aggregate_of_a_windows_count_is_the_runs_total() -> None:
     assert got["optim/optimizer_step"] == 7  # a running counter: its last value, as before
 
 
-def test_per_window_is_declared_on_agreed_counts_only() -> None:
+def test_a_run_total_is_declared_on_agreed_counts_only() -> None:
     from posttrain_metrics import Metric, MetricAdapter
-    from posttrain_metrics.core.reduction import Reduction
+    from posttrain_metrics.core.reduction import Reduction, RunAggregate
 
-    with pytest.raises(MetricsError, match=r"per_window=True .* fix: declare it Reduction\.AGREED with count=True"):
-        MetricAdapter("mine", metrics=[Metric("events", Reduction.SUM, "Events", count=True, per_window=True)])
+    with pytest.raises(MetricsError, match=r"run=.* fix: declare it Reduction\.AGREED"):
+        MetricAdapter("mine", metrics=[Metric("events", Reduction.SUM, "Events", count=True, run=RunAggregate.TOTAL)])
 
 
 # -- where output and warnings go -------------------------------------------------------------------

@@ -148,7 +148,7 @@ def test_demo_publishes_a_completions_table_in_every_tracker(demo_run: Path) -> 
         groups = [row["group"] for row in s.rows]
         assert 0 < len(s.rows) <= 16 and all(groups.count(g) == group_size for g in set(groups))  # whole groups
         assert {g.split(".")[0] for g in groups} <= {"0", "1"} and s.offered == 2 * ToyConfig().prompts_per_rank * group_size
-        assert s.columns == ["group", "prompt", "completion", "reward", "advantage", "response_len", "truncated"]
+        assert s.columns == ["group", "prompt", "completion", "reward", "advantage", "response_len", "[cut]"]
         assert sorted(s.histograms) == ["advantage", "response_len", "reward"]
         assert all(h.num == s.offered for h in s.histograms.values())  # every row of both ranks, not the sample
     assert {g.split(".")[0] for s in samples for g in (row["group"] for row in s.rows)} == {"0", "1"}  # both ranks

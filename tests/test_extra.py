@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import traceback
 from pathlib import Path
 from typing import Any
@@ -300,3 +301,25 @@ def test_a_journal_with_a_bad_declaration_is_refused_naming_it(tmp_path: Path, c
     journal.write_text(text)
     assert main(["doctor", str(journal)]) != 0
     assert "extra key 'my/peak_mem_gb': reduction 'maximum' is not one of" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["train/clip_frac", "optim/optimizer_step", "train/loss_avg", "run/x", "health/x",
+                                  "clip_frac", "a/b/c", "my/y"])
+def test_an_undeclared_name_suggests_only_fixes_that_work(name: str) -> None:
+    """Every ``extra: {...}`` the message proposes is a declaration the callback accepts; a published
+    key (whose declaration check_disjoint refuses) gets its source name instead (issue 24, item 11)."""
+    with pytest.raises(MetricsError) as info:
+        reduce_metrics("grpo", [[{name: 1.0}]])
+    message = str(info.value)
+    for proposed in re.findall(r"extra: \{'([^']+)': mean\}", message):
+        MetricsCallback(adapters=["grpo"], sinks=[MemorySink()], extra={proposed: "mean"})  # accepted
+    published = {"train/clip_frac": ("grpo_clip_frac", ""), "optim/optimizer_step": ("optimizer_step", "trainer"),
+                 "train/loss_avg": ("grpo_loss", "")}
+    if name in published:
+        source, adapter = published[name]
+        assert "extra:" not in message and f"fix: report {source!r}" in message
+        assert (f"add the adapter {adapter!r}" in message) == bool(adapter)
+        with pytest.raises(MetricsError, match="published by adapter"):  # what the old message proposed
+            MetricsCallback(adapters=["grpo"], sinks=[MemorySink()], extra={name: "mean"})
+    else:
+        assert re.findall(r"extra: \{'([^']+)': mean\}", message)

@@ -18,7 +18,7 @@ from _runs import only_run, run_ranks, tensorboard_run
 from posttrain_metrics import MetricsError
 from posttrain_metrics.callbacks import MetricsCallback
 from posttrain_metrics.cli import main
-from posttrain_metrics.core.samples import Histogram, check_rows, select
+from posttrain_metrics.core.samples import CUT, Histogram, check_rows, select
 from posttrain_metrics.integrations import MemorySink
 from posttrain_metrics.samples import read_samples
 
@@ -37,7 +37,7 @@ def test_the_sample_is_bounded_keeps_whole_groups_and_does_not_depend_on_row_ord
         groups = {r["group"] for r in s.rows}
         assert len(s.rows) == 8 and len(groups) == 2  # 2 whole groups of 4 fit in 10, a third does not
         for g in groups:
-            assert [r for r in s.rows if r["group"] == g] == [{**r, "truncated": ""} for r in rows if r["group"] == g]
+            assert [r for r in s.rows if r["group"] == g] == [{**r, CUT: ""} for r in rows if r["group"] == g]
         shuffled = rows[:]
         random.Random(step).shuffle(shuffled)
         assert {r["group"] for r in select(step, shuffled, limit=10).rows} == groups  # rank order does not matter
@@ -60,9 +60,9 @@ def test_long_text_is_cut_and_the_row_says_so() -> None:
     s = select(1, [{"prompt": "p" * 12, "completion": "abcdefghij", "reward": 1.0},
                    {"prompt": "short", "completion": "abc", "reward": 0.0}], limit=2, max_chars=5)
     assert s.rows[0] == {"prompt": "ppppp… [7 more chars]", "completion": "abcde… [5 more chars]", "reward": 1.0,
-                         "truncated": "prompt,completion"}
-    assert s.rows[1] == {"prompt": "short", "completion": "abc", "reward": 0.0, "truncated": ""}
-    assert s.columns == ["prompt", "completion", "reward", "truncated"]
+                         CUT: "prompt,completion"}
+    assert s.rows[1] == {"prompt": "short", "completion": "abc", "reward": 0.0, CUT: ""}
+    assert s.columns == ["prompt", "completion", "reward", CUT]
 
 
 @pytest.mark.parametrize(
@@ -91,7 +91,7 @@ def test_a_nan_reward_is_an_empty_cell_and_inline_sinks_get_the_sample() -> None
     sink = Taker()
     with MetricsCallback(adapters=["trainer"], sinks=[sink], publisher="inline", samples_per_step=2) as cb:
         got = cb.on_samples(3, [{"group": 0, "completion": "a", "reward": float("nan")}])
-    assert got is not None and got.rows == [{"group": 0, "completion": "a", "reward": None, "truncated": ""}]
+    assert got is not None and got.rows == [{"group": 0, "completion": "a", "reward": None, CUT: ""}]
     assert sink.samples == [got]
 
 
@@ -118,7 +118,7 @@ def drive(out: Path, sinks: list[dict[str, Any]], run_id: str) -> None:
             cb.on_samples(step, STEP_ROWS[step])
 
 
-COLUMNS = ["group", "prompt", "completion", "reward", "advantage", "truncated"]
+COLUMNS = ["group", "prompt", "completion", "reward", "advantage", CUT]
 
 
 def kept_rows(out: Path) -> dict[int, list[list[Any]]]:

@@ -10,6 +10,7 @@ from _runs import GRPO_ADAPTERS, grpo_run
 
 from posttrain_metrics import Frame, Reduction, get_adapter
 from posttrain_metrics.core.keys import describe
+from posttrain_metrics.core.reduction import RunAggregate
 from posttrain_metrics.core.summary import BATCH, RunSummary
 
 KEYS = describe([get_adapter(a) for a in GRPO_ADAPTERS])
@@ -80,7 +81,13 @@ def oracle(frames: list[Frame]) -> dict[str, object]:
             mean = math.fsum(a * b for a, b in zip(n, mu)) / total
             second = math.fsum(a * (float(v) ** 2 + b * b) for a, (v, _), b in zip(n, ok, mu)) / total
             out[key] = math.sqrt(max(second - mean * mean, 0.0))
-        else:  # LAST, AGREED
+        elif r is Reduction.AGREED and info.metric.run is RunAggregate.WINDOWS:  # windows where the flag held
+            out[key] = sum(1 for v, _ in ok if v)
+        elif r is Reduction.AGREED and info.metric.run is RunAggregate.TOTAL:
+            out[key] = sum(v for v, _ in ok)
+        elif r is Reduction.AGREED and info.metric.run is RunAggregate.MAX:
+            out[key] = max(v for v, _ in ok)
+        else:  # LAST, and AGREED running counters
             out[key] = values[-1]
     return out
 

@@ -36,7 +36,7 @@ from ..core.frame import Frame
 from ..core.layout import RefusedChunk
 from ..core.redact import redact_text
 from ..core.reducer import AdapterSpec, MetricReducer, resolve_adapters
-from ..core.samples import MAX_CHARS, Histogram, Samples, check_rows, numeric_columns, pick, select
+from ..core.samples import MAX_CHARS, Histogram, Samples, cut, kept_rows, offer, settle
 from ..core.warn import warn
 from ..integrations.base import Sink
 from ..integrations.console import check_total_steps
@@ -233,31 +233,19 @@ class MetricsCallback:
         to the samples file beside the journal and publishes them (a W&B Table, an MLflow table, a
         TensorBoard text), with histograms of the ``reward``, ``advantage`` and ``response_len``
         columns over every row offered (TensorBoard and W&B). Returns them on rank 0, ``None``
-        elsewhere."""
-        step = int(step)
-        mine = check_rows(rows)
-        where = None if self._local else distributed.group_rank_and_size(self._group)
-        offered = len(mine)
-        numbers = numeric_columns(mine)  # the histograms cover every row offered, not only the sample
-        if where is not None and where[1] > 1:
-            # Each rank sends only what could be kept (and the histogram columns' numbers), so the
-            # gather is bounded by ranks x (limit rows + 3 numbers per row offered).
-            kept = [mine[i] for i in pick(step, mine, limit=self.samples_per_step)]
-            gathered = distributed.gather_to_first((len(mine), kept, numbers), self._group)
-            if gathered is None:
-                return None
-            offered = sum(n for n, _, _ in gathered)
-            mine = [row for _, part, _ in gathered for row in part]
-            numbers = {}
-            for _, _, part_numbers in gathered:
-                for column, values in part_numbers.items():
-                    numbers.setdefault(column, []).extend(values)
+        elsewhere. The groups are chosen over the whole batch (every rank's group sizes), so the sample
+        is the same however the rows are split across ranks. A bad row or step on any rank is a
+        MetricsError on every rank, after the same collectives, and the next step is normal."""
+        gathered = self._gather_samples(step, rows)
+        if gathered is None:
+            return None
+        step, chosen, numbers, offered = gathered
         if not self.publisher.publishes_here():
             return None
         if not self._started:
             self.on_run_start()
-        samples = select(step, mine, limit=self.samples_per_step, max_chars=self.sample_max_chars, offered=offered)
-        histograms = {column: Histogram.of(values) for column, values in numbers.items()}
+        samples = cut(step, chosen, max_chars=self.sample_max_chars, offered=offered)
+        histograms = {column: Histogram.of(values, column=column) for column, values in numbers.items()}
         samples = dataclasses.replace(samples, wall_time=time.time(), histograms=histograms,
                                       run_id=self.publisher.run_id)
         path = self.publisher.journal_path
@@ -267,6 +255,31 @@ class MetricsCallback:
             if callable(getattr(sink, "write_samples", None)) and sink.name not in self.publisher.unstarted:
                 self.publisher.call(sink, "write_samples", samples)
         return samples
+
+    def _gather_samples(
+        self, step: object, rows: object
+    ) -> tuple[int, list[dict[str, Any]], dict[str, list[float]], int] | None:
+        """The step, the chosen rows of every rank (rank order), the histogram columns' numbers of every
+        row offered and how many were offered: on rank 0 (``None`` elsewhere). Two collectives under
+        torch.distributed: every rank's :class:`~posttrain_metrics.core.samples.Offer` (group sizes,
+        a bad row's message) to every rank, which all choose the same groups over the whole batch or
+        all raise the same MetricsError; then only the chosen rows and the numbers, to rank 0."""
+        mine_offer, mine, numbers = offer(step, rows)
+        where = None if self._local else distributed.group_rank_and_size(self._group)
+        if where is None or where[1] == 1:
+            value, kept = settle([mine_offer], self.samples_per_step)
+            return value, kept_rows(mine, kept, 0), numbers, len(mine)
+        offers = distributed.all_gather_objects(mine_offer, self._group)
+        value, kept = settle(offers, self.samples_per_step)
+        start = sum(o.rows for o in offers[: where[0]])
+        parts = distributed.gather_to_first((kept_rows(mine, kept, start), numbers), self._group)
+        if parts is None:
+            return None
+        numbers = {}
+        for _, part_numbers in parts:
+            for column, values in part_numbers.items():
+                numbers.setdefault(column, []).extend(values)
+        return value, [row for part, _ in parts for row in part], numbers, sum(o.rows for o in offers)
 
     def _keep_samples(self, samples: Samples, path: Path) -> None:
         """Append to the samples file. Its failure (a full disk) is the samples' own, never the

@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 
 from .errors import MetricsError
-from .reduction import Reduction
+from .reduction import Reduction, RunAggregate
 
 __all__ = ["PHASES", "Metric", "MetricAdapter"]
 
@@ -34,9 +34,10 @@ class Metric:
     (``optim``, ``timer``) instead of taking the phase. ``family`` groups keys that a producer emits
     all together or not at all, in every chunk of a window that carries the adapter's keys.
     ``headline_if`` names a key that must be positive for this headline key to be shown (``kl_mean``
-    only when ``kl_beta > 0``). ``per_window`` marks an ``AGREED`` count of the window's own events
-    (the window's updates by outcome), not a running total like ``optimizer_step``: its run
-    aggregate is the sum over the run's windows, not the last window's value.
+    only when ``kl_beta > 0``). ``run`` says what an ``AGREED`` counter or flag aggregates to over the
+    run (:class:`RunAggregate`: the last value of a running counter such as ``optimizer_step``, the
+    windows where a per-window flag held, the total of a window's own count); the catalogue declares
+    it on each, a key that does not reads as ``LAST``.
 
     >>> Metric("kl_max", Reduction.MAX, "Largest per-token K3 penalty of the step").leaf
     'kl_max'
@@ -56,7 +57,15 @@ class Metric:
     source: str | None = None
     second_moment: str | None = None
     count: bool = False
-    per_window: bool = False
+    run: RunAggregate | None = None
+
+    @property
+    def run_aggregate(self) -> RunAggregate | None:
+        """How an ``AGREED`` key aggregates over the run (``LAST`` unless declared); ``None`` for any
+        other reduction (its :class:`Reduction` says)."""
+        if self.reduction is not Reduction.AGREED:
+            return None
+        return self.run or RunAggregate.LAST
 
 
 class MetricAdapter:
@@ -145,11 +154,13 @@ class MetricAdapter:
             raise MetricsError(f"{where}: second_moment=<leaf> is taken by POOLED_STD keys only")
         if metric.count and metric.reduction in (Reduction.CATEGORICAL, Reduction.POOLED_STD):
             raise MetricsError(f"{where}: count=True marks a number of things; a {metric.reduction.name} key is not one")
-        if metric.per_window and not (metric.reduction is Reduction.AGREED and metric.count):
+        if metric.run is not None and metric.reduction is not Reduction.AGREED:
             raise MetricsError(
-                f"{where}: per_window=True marks a count of the window's own events, agreed by every rank; fix: "
-                "declare it Reduction.AGREED with count=True, or drop per_window"
+                f"{where}: run={metric.run} says how an exact counter or flag aggregates over the run; a "
+                f"{metric.reduction.name} key has its own; fix: declare it Reduction.AGREED, or drop run"
             )
+        if metric.run is RunAggregate.TOTAL and not metric.count:
+            raise MetricsError(f"{where}: run=RunAggregate.TOTAL sums a window's own count; fix: declare count=True")
         if (metric.reduction is Reduction.CATEGORICAL) != bool(metric.labels):
             raise MetricsError(f"{where}: labels=(...) are required by CATEGORICAL and only by it")
         if len(set(metric.labels)) != len(metric.labels):

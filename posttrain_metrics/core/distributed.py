@@ -14,6 +14,7 @@ from .errors import MetricsError
 from .layout import PackedState
 
 __all__ = [
+    "all_gather_objects",
     "all_reduce_state",
     "global_rank",
     "group_rank_and_size",
@@ -180,4 +181,17 @@ def gather_to_first(obj: Any, group: Any = None) -> list[Any] | None:
         dist.gather_object(obj, out, dst=dst, group=group)
     except RuntimeError as exc:
         raise _collective_failed("samples gather_object", None, exc) from exc
+    return out
+
+
+def all_gather_objects(obj: Any, group: Any = None) -> list[Any]:
+    """``obj`` of every rank of ``group``, in rank order, on every rank. One ``all_gather_object``:
+    collective; for small things every rank must decide alike (a step's sample offers)."""
+    dist = _dist()
+    assert dist is not None
+    out: list[Any] = [None] * dist.get_world_size(group)
+    try:
+        dist.all_gather_object(out, obj, group=group)
+    except RuntimeError as exc:
+        raise _collective_failed("samples all_gather_object", None, exc) from exc
     return out

@@ -168,11 +168,38 @@ def check_disjoint(extra: Sequence[UserKeys], others: Sequence[MetricAdapter]) -
                 )
 
 
-def one_line_fix(name: str) -> str:
-    """The one-line declaration that would make an undeclared ``name`` a user key."""
-    key = name if name.count("/") == 1 and all(name.split("/")) else f"my/{name.replace('/', '_')}"
+def one_line_fix(name: str, adapters: Sequence[MetricAdapter] = ()) -> str:
+    """A fix for an undeclared source ``name`` that works when followed: when ``name`` is a key the
+    catalogue or ``adapters`` publish (a declaration of it would be refused), its source name (and
+    the adapter to add); otherwise the one-line declaration of a user key, moved out of a namespace
+    the publisher owns (``run/x`` -> ``my/x``)."""
+    owner = _publisher_of(name, adapters)
+    if owner is not None:
+        adapter, source = owner
+        add = "" if any(a.name == adapter for a in adapters) else f" and add the adapter {adapter!r}"
+        return (f"{name!r} is the key adapter {adapter!r} publishes for the source name {source!r} (a key "
+                f"the catalogue publishes cannot be declared again); fix: report {source!r}{add}")
+    shaped = name.count("/") == 1 and all(name.split("/"))
+    if shaped and name.split("/", 1)[0] in OWNED_NAMESPACES:
+        key = f"my/{name.split('/', 1)[1]}"
+    else:
+        key = name if shaped else f"my/{name.replace('/', '_')}"
     rename = "" if key == name else f" (report it as {key!r})"
-    return f"declare it in one line in the callback config: extra: {{{key!r}: mean}}{rename} (or sum, max, ...)"
+    return ("fix: use a declared source name, add the adapter that declares it, or declare it in one line "
+            f"in the callback config: extra: {{{key!r}: mean}}{rename} (or sum, max, ...)")
+
+
+def _publisher_of(key: str, adapters: Sequence[MetricAdapter]) -> tuple[str, str] | None:
+    """``(adapter name, source name)`` of the adapter that publishes ``key``: one of ``adapters``
+    first, else the built-in catalogue's; ``None`` when none does."""
+    from .catalog import BUILTIN
+
+    for adapter in [*adapters, *BUILTIN]:
+        for phase in sorted(adapter.phases):
+            for source in adapter.metrics:
+                if adapter.public_key(source, phase) == key:
+                    return adapter.name, source
+    return None
 
 
 def _metric(namespace: str, key: str, spec: Mapping[str, Any]) -> Metric:

@@ -515,8 +515,8 @@ class Layout:
         near = suggest(source, [*self.keys, *self.ignored])
         hint = f" (did you mean {', '.join(repr(n) for n in near)}?)" if near else ""
         return (
-            f"source name {source!r:.80} is not declared by adapters [{names}]{hint}; fix: use a declared "
-            f"source name, add the adapter that declares it, or {one_line_fix(source[:80])}"
+            f"source name {source!r:.80} is not declared by adapters [{names}]{hint}; "
+            f"{one_line_fix(source[:80], self.adapters)}"
         )
 
     # -- many ranks -----------------------------------------------------------------------------
@@ -552,6 +552,8 @@ class Layout:
                     f"adapter {key.adapter.name!r} publishes phases {sorted(key.adapter.phases)}, "
                     f"not {phase!r} (key {key.source!r}); fix: reduce it under one of those phases"
                 )
+            if key.reduction is Reduction.AGREED and S[key.s] < S[self.ACTIVE]:
+                self._raise_partial(key, int(S[key.s]), int(S[self.ACTIVE]), phase)
             if key.fast == _FAST_WMEAN:  # most keys: what _value gives, without the call
                 w = S[key.s + 2]
                 out[key.public(phase)] = S[key.s + 1] / w if w > 0.0 else 0.0
@@ -610,6 +612,20 @@ class Layout:
                 f"ranks per label {counts}; fix: every rank must report the same label for a window"
             )
         return labels[0]
+
+    @staticmethod
+    def _raise_partial(key: _Key, reported: int, active: int, phase: str) -> None:
+        """An exact counter or flag that some ranks reported and others did not in a window where
+        they all added chunks: every rank holds it by construction, so a rank without it is
+        desynchronised, as a rank with another value is. (A rank that added no chunk at all reports
+        nothing, as ever.)"""
+        raise MetricsError(
+            f"{key.public(phase)!r} (source {key.source!r}), a counter or flag that every data-parallel "
+            f"rank holds identically by construction, was reported by {reported} of the {active} "
+            "ranks that added chunks to this window. The ranks are desynchronised (one skipped or repeated an update, or its loop reports "
+            f"the key on some ranks only); fix the training loop so every rank reports {key.source!r} in "
+            "the same windows"
+        )
 
     def _raise_worst(self, state: PackedState) -> None:
         worst = int(state.max[self.WORST])

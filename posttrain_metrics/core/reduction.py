@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["Reduction"]
+__all__ = ["Reduction", "RunAggregate"]
 
 
 class Reduction(enum.Enum):
@@ -69,3 +69,25 @@ class Reduction(enum.Enum):
     def partition_invariant(self) -> bool:
         """Whether the result is independent of how contributions are split into chunks and ranks."""
         return self not in (Reduction.LAST, Reduction.AGREED, Reduction.CATEGORICAL)
+
+
+class RunAggregate(enum.Enum):
+    """What an exact counter or flag (an ``AGREED`` key) reads as over a whole run (``run/<key>`` in
+    every tracker). Its value per window means different things, so the catalogue declares which:
+    the last value of a flag says nothing about the run ("no step was skipped" after seven skips)."""
+
+    LAST = "last"
+    """A running counter or a setting (``optimizer_step``, ``attempt_id``, ``nonfinite_skips_total``,
+    ``finite_gradient_check_enabled``): its last value is already the run's figure."""
+
+    WINDOWS = "windows"
+    """A per-window flag (``step_skipped``, ``actor_warmup``): the number of windows where it held
+    (a true or nonzero value; a NaN holds nothing)."""
+
+    TOTAL = "total"
+    """A per-window count of the window's own events (``updates_skipped``): the sum over the run's
+    windows."""
+
+    MAX = "max"
+    """A running streak that resets (``nonfinite_skips_consecutive``): the longest it got; the last
+    value reads 0 once the streak ended."""

@@ -4,31 +4,43 @@ A row is a mapping of column to a plain value (``prompt``, ``completion``, ``rew
 and any column the user adds). Rows that share the value of the ``group`` column (GRPO's prompt
 group) are kept or dropped together; a row without one is a group of its own. Which groups are kept
 depends only on the step and the group ids (a hash of both), never on the rank order or on chance,
-so a rerun keeps the same rows. Long text is cut at ``max_chars`` and the row says so
-(``truncated`` lists the columns cut, each ending with a marker giving how many characters went).
+so a rerun keeps the same rows, and never on how the rows are split across ranks: the choice is
+made over the sizes of the whole batch's groups (:class:`Offer`, :func:`settle`). Long text is cut at
+``max_chars`` and the row says so (our column :data:`CUT` lists the columns cut, each ending with a
+marker giving how many characters went; a user's own ``truncated`` column is kept as passed).
 Redaction does not apply: the rows are model text, not config.
 
 >>> rows = [{"group": g, "completion": "x" * n} for g, n in [(0, 3), (0, 5), (1, 9), (2, 2)]]
 >>> s = select(7, rows, limit=3, max_chars=4)
->>> [(r["group"], r["completion"], r["truncated"]) for r in s.rows]  # group 0 (2 rows) no longer fits
+>>> [(r["group"], r["completion"], r[CUT]) for r in s.rows]  # group 0 (2 rows) no longer fits
 [(1, 'xxxx… [5 more chars]', 'completion'), (2, 'xx', '')]
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import hashlib
 import json
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .errors import MetricsError
+from .reducer import _check_step
+from .values import MAX_EXACT_INT
 
-__all__ = ["BINS", "GROUP", "HISTOGRAMS", "MAX_CHARS", "Histogram", "Samples", "check_rows", "numeric_columns", "pick", "select"]
+__all__ = ["BINS", "CUT", "GROUP", "HISTOGRAMS", "MAX_CHARS", "Histogram", "Offer", "Samples", "check_rows",
+           "check_span", "cut", "kept_rows", "numeric_columns", "offer", "pick", "select", "settle"]
 
 GROUP = "group"
 """The column whose value groups rows that are kept or dropped together."""
+
+CUT = "[cut]"
+"""Our column: the columns of the row whose text was cut (comma-separated, empty when none). A name
+no user column may take (:func:`check_rows` refuses it), so a rollout's own ``truncated`` column is
+never overwritten."""
 
 MAX_CHARS = 2000
 """Default longest text cell, in characters; longer ones are cut and marked."""
@@ -57,8 +69,13 @@ class Histogram:
         return sum(self.counts)
 
     @classmethod
-    def of(cls, values: Sequence[float], bins: int = BINS) -> Histogram:
+    def of(cls, values: Sequence[float], bins: int = BINS, column: str = "values") -> Histogram:
+        """The histogram of ``values``; a value equal to an interior edge goes in the bin that edge
+        opens (found on the published edges themselves, so a reader's edges and our counts agree:
+        ``(v - low) / width`` can round one bin low). A span beyond float64 is a MetricsError naming
+        ``column``."""
         low, high = min(values), max(values)
+        check_span(column, low, high)
         if low == high:
             edges, counts = [low, high], [len(values)]
         else:
@@ -66,8 +83,18 @@ class Histogram:
             edges = [low + i * width for i in range(bins)] + [high]
             counts = [0] * bins
             for v in values:
-                counts[min(int((v - low) / width), bins - 1)] += 1
+                counts[min(max(bisect.bisect_right(edges, v) - 1, 0), bins - 1)] += 1
         return cls(edges, counts, math.fsum(values), math.fsum(v * v for v in values))
+
+
+def check_span(column: str, low: float, high: float) -> None:
+    """A MetricsError naming ``column`` when its values span more than float64 holds: the bin width
+    would be inf and the edges NaN, which no tracker can draw."""
+    if not math.isfinite(high - low):
+        raise MetricsError(
+            f"on_samples: the column {column!r} spans {low!r} to {high!r}, wider than a float64 can hold "
+            "(its histogram's bin width would be inf); fix: pass values within +/-8.9e307, e.g. rescaled"
+        )
 
 
 def numeric_columns(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[float]]:
@@ -146,19 +173,31 @@ def check_rows(rows: object, where: str = "on_samples") -> list[dict[str, Any]]:
             if not isinstance(key, str):
                 raise MetricsError(f"{where}: row {i} has the column {key!r:.40} ({type(key).__name__}); fix: "
                                    "name columns with strings")
-            if type(value) is str:  # the common case first: this runs on the training thread
-                clean[key] = value
-                continue
-            if hasattr(value, "item") and callable(value.item):  # a 0-d tensor or a numpy scalar
-                value = value.item()
-            if not isinstance(value, _PLAIN):
-                raise MetricsError(f"{where}: row {i}, column {key!r}: got a {type(value).__name__} ({value!r:.60}); "
-                                   "fix: pass text, a number, a bool or None")
-            if isinstance(value, float) and not math.isfinite(value):
-                value = None  # strict JSON everywhere: a NaN reward shows as an empty cell
-            clean[key] = value
+            if key == CUT:
+                raise MetricsError(f"{where}: row {i} has the column {CUT!r}, which the sampler writes (the "
+                                   "columns it cut); fix: name your column otherwise")
+            clean[key] = value if type(value) is str else _cell(value, f"{where}: row {i}, column {key!r}")
         out.append(clean)
     return out
+
+
+def _cell(value: Any, where: str) -> Any:
+    """One non-text cell as a plain value (a 0-d tensor or numpy scalar read), or a MetricsError."""
+    if hasattr(value, "item") and callable(value.item):  # a 0-d tensor or a numpy scalar
+        try:
+            value = value.item()
+        except Exception as exc:  # a tensor of several elements, a meta tensor ...
+            raise MetricsError(f"{where}: a {type(value).__name__} that cannot be read as one value "
+                               f"({type(exc).__name__}: {str(exc)[:120]}); fix: pass one number per cell") from None
+    if not isinstance(value, _PLAIN):
+        raise MetricsError(f"{where}: got a {type(value).__name__} ({value!r:.60}); "
+                           "fix: pass text, a number, a bool or None")
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_EXACT_INT:
+        raise MetricsError(f"{where}: the integer {value!r:.40} exceeds 2**53, beyond which JSON readers and "
+                           "float64 histograms lose it; fix: pass it as a float or as text")
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # strict JSON everywhere: a NaN reward shows as an empty cell
+    return value
 
 
 def _rank(step: int, group: str) -> str:
@@ -166,19 +205,89 @@ def _rank(step: int, group: str) -> str:
     return hashlib.sha256(f"{step}:{group}".encode()).hexdigest()
 
 
+def _key(row: Mapping[str, Any], index: int) -> str:
+    """The group of a row as JSON: ``["group", <value>]``, or ``["row", <index in the batch>]`` for a
+    row without one (a group of its own). JSON, not the value, so that equal ids on several ranks are
+    one group whatever their order (``1`` and ``1.0`` are two ids)."""
+    group = row.get(GROUP)
+    return json.dumps(["group", group] if group is not None else ["row", index], default=str)
+
+
+def _choose(step: int, sizes: Mapping[str, int], limit: int) -> frozenset[str]:
+    """The groups kept: in hash order, each that still fits whole in ``limit``."""
+    kept, used = [], 0
+    for key in sorted(sizes, key=lambda k: (_rank(step, k), k)):
+        if used + sizes[key] <= limit:
+            kept.append(key)
+            used += sizes[key]
+    return frozenset(kept)
+
+
 def pick(step: int, rows: Sequence[Mapping[str, Any]], *, limit: int) -> list[int]:
     """The indices of the rows :func:`select` keeps, in order (no truncation)."""
-    by_id: dict[tuple[str, Any], list[int]] = {}
-    for i, row in enumerate(rows):
-        group = row.get(GROUP)
-        by_id.setdefault(("group", group) if group is not None else ("row", i), []).append(i)
-    groups = {json.dumps(list(ident), default=str): members for ident, members in by_id.items()}
-    kept: list[int] = []
-    for key in sorted(groups, key=lambda k: _rank(step, k)):
-        members = groups[key]
-        if len(kept) + len(members) <= limit:
-            kept.extend(members)
-    return sorted(kept)
+    keys = [_key(row, i) for i, row in enumerate(rows)]
+    kept = _choose(step, Counter(keys), limit)
+    return [i for i, key in enumerate(keys) if key in kept]
+
+
+@dataclasses.dataclass(frozen=True)
+class Offer:
+    """What one rank tells every rank before a step's sample is chosen: one entry per group, not the
+    rows, so this first gather stays small; then only the chosen groups' rows travel."""
+
+    step: int | None
+    problem: str  # why this rank's rows cannot be taken ("" when they can)
+    rows: int
+    sizes: dict[str, int]  # grouped rows: group key -> rows on this rank
+    single: list[int]  # this rank's rows without a group, by index
+    spans: dict[str, tuple[float, float]]  # per histogram column: this rank's (min, max)
+
+
+def offer(step: object, rows: object,
+          where: str = "on_samples") -> tuple[Offer, list[dict[str, Any]], dict[str, list[float]]]:
+    """This rank's :class:`Offer`, its checked rows and their :func:`numeric_columns`. Never raises: a
+    bad step or row is the offer's ``problem``, so the rank still joins the collectives and every
+    rank raises it."""
+    try:
+        value, mine = _check_step(step), check_rows(rows, where)
+    except MetricsError as exc:
+        return Offer(None, str(exc), 0, {}, [], {}), [], {}
+    except Exception as exc:  # rows that break while being read
+        return Offer(None, f"{where}: the rows could not be read ({type(exc).__name__}: {str(exc)[:200]})",
+                     0, {}, [], {}), [], {}
+    numbers = numeric_columns(mine)
+    sizes = Counter(_key(r, 0) for r in mine if r.get(GROUP) is not None)
+    spans = {c: (min(v), max(v)) for c, v in numbers.items()}
+    single = [i for i, r in enumerate(mine) if r.get(GROUP) is None]
+    return Offer(value, "", len(mine), dict(sizes), single, spans), mine, numbers
+
+
+def settle(offers: Sequence[Offer], limit: int) -> tuple[int, frozenset[str]]:
+    """The step and the groups kept over every rank's offer (the same on every rank, whatever the
+    split), or the MetricsError of any rank: a bad row anywhere fails the step everywhere."""
+    problems = [f"rank {r}: {o.problem}" if len(offers) > 1 else o.problem for r, o in enumerate(offers) if o.problem]
+    if problems:
+        raise MetricsError("; ".join(problems))
+    steps = sorted({o.step for o in offers if o.step is not None})
+    if len(steps) != 1:
+        raise MetricsError(f"on_samples: the ranks passed different steps {steps[:8]}; fix: call on_samples "
+                           "with the same step on every rank")
+    for column in HISTOGRAMS:
+        ends = [o.spans[column] for o in offers if column in o.spans]
+        if ends:
+            check_span(column, min(lo for lo, _ in ends), max(hi for _, hi in ends))
+    sizes: Counter[str] = Counter()
+    start = 0
+    for o in offers:
+        sizes.update(o.sizes)
+        sizes.update(json.dumps(["row", start + i]) for i in o.single)
+        start += o.rows
+    return steps[0], _choose(steps[0], sizes, limit)
+
+
+def kept_rows(rows: Sequence[dict[str, Any]], kept: frozenset[str], start: int) -> list[dict[str, Any]]:
+    """This rank's rows of the ``kept`` groups, ``start`` being its first row's index in the batch."""
+    return [row for i, row in enumerate(rows) if _key(row, start + i) in kept]
 
 
 def select(step: int, rows: Sequence[Mapping[str, Any]], *, limit: int, max_chars: int = MAX_CHARS,
@@ -186,17 +295,24 @@ def select(step: int, rows: Sequence[Mapping[str, Any]], *, limit: int, max_char
     """At most ``limit`` rows of ``rows``, whole groups, chosen by a hash of (step, group), in their
     original order, text cut at ``max_chars``. A group larger than what is left of the limit is
     skipped (a smaller one may still fit)."""
+    return cut(step, [rows[i] for i in pick(step, rows, limit=limit)], max_chars=max_chars,
+               offered=len(rows) if offered is None else offered)
+
+
+def cut(step: int, rows: Sequence[Mapping[str, Any]], *, max_chars: int, offered: int) -> Samples:
+    """``rows`` (already chosen) as the step's :class:`Samples`: text cut at ``max_chars``, our
+    :data:`CUT` column naming the columns cut."""
     columns: list[str] = []
     chosen = []
-    for i in pick(step, rows, limit=limit):
-        row = dict(rows[i])
-        cut = []
+    for original in rows:
+        row = dict(original)
+        marked = []
         for column, value in row.items():
             if isinstance(value, str) and len(value) > max_chars:
                 row[column] = f"{value[:max_chars]}… [{len(value) - max_chars} more chars]"
-                cut.append(column)
-        row["truncated"] = ",".join(cut)
+                marked.append(column)
+        row[CUT] = ",".join(marked)
         chosen.append(row)
         columns.extend(c for c in row if c not in columns)
-    columns = [c for c in columns if c != "truncated"] + ["truncated"] if chosen else []
-    return Samples(step, chosen, columns, len(rows) if offered is None else offered)
+    columns = [c for c in columns if c != CUT] + [CUT] if chosen else []
+    return Samples(step, chosen, columns, offered)

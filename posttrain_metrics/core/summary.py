@@ -4,8 +4,11 @@ Trackers summarise a run by the last value (W&B's default) or a plain min/max th
 poisons; neither can weight a mean by tokens. :class:`RunSummary` folds frames the way the key is
 declared: weighted means over the whole run by their weight, sums to totals, maxima to the run
 maximum (NaN ignored and counted; an infinite value counts, and is counted), categorical labels to
-counts, a window's own counts (``per_window``: updates by outcome) to run totals. Types follow the
-widest input seen: a maximum over ints and floats is a float.
+counts; an exact counter or flag (``AGREED``) as its catalogue entry declares (:class:`RunAggregate`):
+a running counter to its last value, a per-window flag to the number of windows where it held
+(``run/optim/step_skipped`` = 7 after seven skipped windows, never the last window's 0), a window's
+own count (updates by outcome) to the run's total, a streak to its longest. Types follow the widest
+input seen: a maximum over ints and floats is a float.
 
 The state is plain floats per key (a weighted mean is two sums). A run repeats the same keys step
 after step, so frames with the keys of an earlier frame are held (up to ``BATCH``, by reference:
@@ -25,7 +28,7 @@ from operator import add, mul
 
 from .frame import Frame
 from .keys import KeyInfo, label_key
-from .reduction import Reduction
+from .reduction import Reduction, RunAggregate
 from .values import Scalar
 
 __all__ = ["BATCH", "RunSummary"]
@@ -57,7 +60,8 @@ class RunSummary:
         info = self.keys.get(key)
         if info is None:
             return (_SKIP, "", "")
-        code = _SUM if info.metric.per_window else _CODES[info.reduction]  # a window's count: the run's total
+        run = info.metric.run_aggregate
+        code = _CODES[info.reduction] if run is None else _RUN_CODES[run]
         return (code, info.weight_key or "", info.mean_key or "")
 
     @property
@@ -132,6 +136,8 @@ class RunSummary:
                 a1[key] += w
             elif code == _SUM:
                 a0[key] += v
+            elif code == _HELD:
+                a0[key] += v != 0.0
             elif code == _MAX:
                 a0[key] = v if a1[key] == 0 else max(a0[key], v)
                 a1[key] = 1.0
@@ -161,9 +167,12 @@ class RunSummary:
         a1, a2 = self._a1, self._a2
         for key, s0 in self._a0.items():
             info = self.keys[key]
-            r = Reduction.SUM if info.metric.per_window else info.reduction  # a window's count: the run's total
+            run = info.metric.run_aggregate
+            r = info.reduction if run is None else _READ.get(run, info.reduction)
             s1, s2 = a1[key], a2[key]
-            if r is Reduction.WEIGHTED_MEAN:
+            if run is RunAggregate.WINDOWS:
+                out[key] = int(s0)
+            elif r is Reduction.WEIGHTED_MEAN:
                 out[key] = s0 / s1 if s1 > 0 else 0.0
             elif r is Reduction.SUM:
                 out[key] = int(s0) if self._kind[key] < 2 and s0.is_integer() else s0
@@ -257,6 +266,8 @@ class _Layout:
                     a2[key] = reduce(add, map(mul, n, map(add, map(mul, xs, xs), map(mul, means, means))), a2[key])
                 elif code == _SUM:
                     a0[key] = reduce(add, column, a0[key])  # type: ignore[arg-type]
+                elif code == _HELD:
+                    a0[key] += sum(1 for v in column if v)
                 elif code == _MAX:
                     a0[key] = reduce(max, map(float, column), a0[key])  # type: ignore[arg-type]
                 elif code == _MIN:
@@ -311,9 +322,13 @@ def _kind_of(value: object) -> int:
 
 
 _MAX_LAYOUTS = 256
-_SKIP, _WEIGHTED, _SUM, _MAX, _MIN, _POOLED, _MEAN, _LAST, _LABEL = range(9)
+_SKIP, _WEIGHTED, _SUM, _MAX, _MIN, _POOLED, _MEAN, _LAST, _LABEL, _HELD = range(10)
 _STR = {str}
 _BOOL = {bool}
 _CODES = {Reduction.WEIGHTED_MEAN: _WEIGHTED, Reduction.SUM: _SUM, Reduction.MAX: _MAX, Reduction.MIN: _MIN,
           Reduction.POOLED_STD: _POOLED, Reduction.LAST: _LAST, Reduction.AGREED: _LAST}
 _CODES.update({r: _MEAN for r in Reduction if r not in _CODES})
+_RUN_CODES = {RunAggregate.LAST: _LAST, RunAggregate.WINDOWS: _HELD, RunAggregate.TOTAL: _SUM,
+              RunAggregate.MAX: _MAX}
+_READ = {RunAggregate.LAST: Reduction.AGREED, RunAggregate.TOTAL: Reduction.SUM, RunAggregate.MAX: Reduction.MAX}
+"""How an exact counter's run aggregate is read out (WINDOWS: the count of windows, an int)."""

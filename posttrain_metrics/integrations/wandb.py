@@ -36,6 +36,8 @@ real clock.
 never fights with the summaries above: `run/<key>` = the token-weighted mean over the whole run
 for weighted means, the mean over frames for plain means, the total for sums, the run maximum
 (minimum) for maxima (minima), the pooled std over the run, the last value for last-value keys,
+for an exact counter or flag what the catalogue declares (`RunAggregate`: the last value of
+`optimizer_step`, the windows where `step_skipped` held, the total of `updates_skipped`),
 and for a categorical key one count per label (`run/optim/update_outcome/skipped` = 1).
 NaN is left out of these aggregates, and so is ±inf except from maxima and minima (an infinite
 maximum is the run's maximum); every non-finite value is counted under `run/nonfinite/<key>`.

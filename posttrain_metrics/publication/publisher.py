@@ -53,7 +53,7 @@ from ..core.reducer import AdapterSpec, resolve_adapters
 from ..core.values import Scalar
 from ..core.warn import warn
 from ..integrations.base import RunInfo, Sink, tracker_settings
-from ..journal import SAFE_RUN_ID, journal_closed
+from ..journal import MAX_HEADER_DEPTH, SAFE_RUN_ID, journal_closed, nesting
 
 __all__ = ["MODES", "Publisher", "display_frame", "end_reason", "nonfinite_kind"]
 
@@ -281,6 +281,11 @@ class Publisher:
                     stacklevel=user_stacklevel(),
                 )
             return self.run
+        if config and nesting(config) >= MAX_HEADER_DEPTH:  # the header holds it one level down
+            raise MetricsError(
+                f"the run's config nests {nesting(config)} levels deep; a journal header holds at most "
+                f"{MAX_HEADER_DEPTH - 1} (readers refuse a deeper one as damaged); fix: flatten the config"
+            )
         run = RunInfo(
             run_id=self.run_id,
             name=self.run_name,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from ..adapter import Metric, MetricAdapter
 from ..reduction import Reduction as R
+from ..reduction import RunAggregate as Run
 
 __all__ = ["PPO"]
 
@@ -47,14 +48,14 @@ PPO = MetricAdapter(
         _w("entropy", "Policy entropy term", POL, unit="nats"),
         _w("jsd_loss", "Reference Jensen-Shannon term", POL),
         Metric("policy_lr", R.LAST, "Policy learning rate left for the next update"),
-        Metric("policy_optimizer_step", R.AGREED, "Durable policy minibatch optimizer counter", namespace="optim", unit="steps", count=True),
+        Metric("policy_optimizer_step", R.AGREED, "Durable policy minibatch optimizer counter", namespace="optim", unit="steps", count=True, run=Run.LAST),
         # critic window
         Metric(CRI, R.SUM, "Tokens the critic update window trained on", unit="tokens"),
         _w("value_loss", "Unscaled value loss", CRI, headline=True),
         _w("critic_loss", "Coefficient-scaled critic loss", CRI),
         _w("value_clip_fraction", "Fraction of tokens the value clip bound", CRI, unit="fraction"),
         Metric("critic_lr", R.LAST, "Critic learning rate left for the next update"),
-        Metric("critic_optimizer_step", R.AGREED, "Durable critic minibatch optimizer counter", namespace="optim", unit="steps", count=True),
+        Metric("critic_optimizer_step", R.AGREED, "Durable critic minibatch optimizer counter", namespace="optim", unit="steps", count=True, run=Run.LAST),
         # prepared batch
         Metric(TOK, R.SUM, "Valid action tokens in the prepared batch", unit="tokens"),
         _w("reward_mean", "Prepared-batch reward over valid action tokens", TOK, headline=True),
@@ -64,7 +65,8 @@ PPO = MetricAdapter(
         _w("return_mean", "Value-target return", TOK),
         _w("value_mean", "Old value estimate", TOK),
         _w("reference_kl_mean", "Sampled KL to the reference", TOK, unit="nats"),
-        Metric("actor_warmup", R.AGREED, "1.0 on a critic-only warmup iteration, else 0.0 (the same on every rank)"),
+        Metric("actor_warmup", R.AGREED, "1.0 on a critic-only warmup iteration, else 0.0 (the same on every rank)",
+               run=Run.WINDOWS),
         # consistency diagnostics
         *_diagnostic("behavior_logprob_delta", "policy-minus-rollout logprob before the update"),
         *_diagnostic("initial_ratio", "importance ratio before the update"),
