@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import json
 import random
 import string
 import uuid
@@ -456,3 +457,71 @@ def test_mlflows_param_name_warning_shows_no_secret_used_as_a_key(tmp_path: Any)
     assert not any(secret in t for t in texts), texts
     params = MlflowClient(handles["tracking_uri"]).get_run(handles["run_id"]).data.params
     assert "eu" in params.values() and not any(secret in k for k in params), params
+
+
+# -- review of issue 25: forms a second probe corpus found --------------------------------------------------
+
+
+@pytest.mark.parametrize("prompt", [
+    "Password: the user gives you a password; say whether it is strong.",
+    "Answer with a single token: yes or no.",
+    "The secret key to this problem is to factor the polynomial.",
+    "The key: a unique id for each row. The token: a subword unit.",
+    "Do not guess the password until you have checked it twice.",
+])
+def test_prose_that_names_a_credential_keeps_the_next_word(prompt: str) -> None:
+    """A credential's name in a sentence is followed by the sentence, not by a value: a plain word
+    that the sentence goes on after is kept (``token: yes or no``, ``Password: the user ...``)."""
+    assert flatten_config({"system_prompt": prompt}) == {"system_prompt": prompt}
+    for text, secret in (("password: hunter2 rejected", "hunter2"),  # not a plain word
+                         ("user: bob password: swordfish host: db", "swordfish"),  # a pair follows, not a sentence
+                         ("password: swordfish", "swordfish"),  # nothing follows
+                         ("machine api.wandb.ai login bob password swordfish", "swordfish")):
+        assert secret not in redact_text(text) and REDACTED in redact_text(text), text
+
+
+@pytest.mark.parametrize("config", [
+    {"use_auth_token": True}, {"auth": "none"},
+    {"api_key": "${oc.env:OPENAI_API_KEY}"}, {"hf_token": "$HF_TOKEN"}, {"token": "{{ secrets.HF_TOKEN }}"},
+    {"password": "${{ secrets.DB_PASSWORD }}"},
+    {"argv": "train.py --use_auth_token False --push_to_hub_token None --hub_token ${HF_TOKEN}"},
+])
+def test_flags_and_references_under_a_credential_name_stay_readable(config: dict[str, Any]) -> None:
+    """A boolean, a null, or a reference to where the secret is kept (``${oc.env:X}``, ``$X``,
+    ``{{ secrets.X }}``) is not the secret: it says how the run found its credential."""
+    assert flatten_config(config) == config
+
+
+@pytest.mark.parametrize("config", [
+    {"hf_token_path": "/root/.cache/huggingface/token"}, {"password_file": "/run/secrets/db"},
+    {"ssh_key_path": "~/.ssh/id_ed25519"}, {"api_key_env": "OPENAI_API_KEY"}, {"auth_type": "bearer"},
+    {"secret_name": "wandb-secret"}, {"env": "HF_TOKEN_PATH=/data/hf/token HF_HOME=/data/hf"},
+])
+def test_a_name_that_says_where_or_what_kind_of_credential_is_not_a_credential(config: dict[str, Any]) -> None:
+    assert flatten_config(config) == config
+
+
+@pytest.mark.parametrize(("text", "secret"), [
+    (json.dumps(json.dumps({"model": "Qwen/Qwen2.5-7B", "api_key": "plainword"})), "plainword"),
+    ('payload="{\\"hf_token\\": \\"lowercasesecret\\"}"', "lowercasesecret"),
+    ("argv: ['train.py', '--hf_token', 'lowercasesecret', '--lr', '1e-6']", "lowercasesecret"),
+    ('["--api-key", "lowercasesecret"]', "lowercasesecret"),
+])
+def test_escaped_json_and_printed_argv_pair_the_name_with_its_value(text: str, secret: str) -> None:
+    shown = redact_text(text)
+    assert secret not in shown and REDACTED in shown, shown
+
+
+@pytest.mark.parametrize("prompt", [
+    "Use a basic approach: think first, then answer.", "Basic arithmetic problems only.",
+    "End each answer with the special token <|endoftext|> to stop.", "the token ids:[151643] end a turn",
+    "Set the token HF_HOME=/data/hf before the run",
+])
+def test_an_auth_scheme_word_in_prose_is_not_an_authorization_header(prompt: str) -> None:
+    """``Basic``/``Token`` ... redact what follows only when it is a credential (token68 characters,
+    not a plain word): headers still are (``Authorization: Basic YWxp...==``)."""
+    assert flatten_config({"prompt": prompt}) == {"prompt": prompt}
+    for header, secret in (("Authorization: Basic YWxpY2U6aHVudGVyMg==", "YWxpY2U6aHVudGVyMg=="),
+                           ("-H 'Authorization: Token 9944b09199c62bcf9418ad846dd0e4bbdfc6ee4b'", "9944b0"),
+                           ("Authorization: Bearer abcdefghijklmnop", "abcdefghijklmnop")):
+        assert secret not in redact_text(header), header

@@ -70,6 +70,12 @@ _KEY_QUALIFIERS = frozenset({"api", "secret", "access", "private", "auth", "encr
                              "master", "client", "wandb", "hf", "openai", "anthropic", "aws", "gcp", "azure",
                              "github", "gh", "mlflow", "license", "service", "account", "session", "app",
                              "deploy", "gpg", "pgp", "rsa", "stripe", "slack", "google"})
+# A last word that makes the name say where a credential is kept or what kind it is, not hold it:
+# hf_token_path, password_file, api_key_env, auth_type, secret_name.
+_ABOUT_A_CREDENTIAL = frozenset({"path", "paths", "file", "files", "filename", "dir", "directory", "env", "var",
+                                 "type", "kind", "mode", "method", "scheme", "provider", "name", "names",
+                                 "enabled", "required", "length", "len", "format", "version", "ttl",
+                                 "timeout", "expiry"})
 _SPLIT = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
 
 
@@ -87,10 +93,12 @@ def _secret_part(part: str) -> bool:
     """Whether one component of a key path names a credential."""
     if _TRIGGER.search(part) is None:  # the common case, decided at once
         return False
+    words = _words(part)
+    if len(words) > 1 and words[-1] in _ABOUT_A_CREDENTIAL:
+        return False
     squashed = re.sub(r"[^a-z0-9]", "", part.lower())
     if any(s in squashed for s in _SUBSTRINGS):
         return True
-    words = _words(part)
     if not words:
         return False
     if set(words) & _WORDS:
@@ -127,13 +135,17 @@ _PROVIDER_TOKEN = re.compile(r"(?<![A-Za-z0-9])(?:" + "|".join(_TOKEN_PREFIXES) 
 _SNAKE_NAME = re.compile(r"[a-z0-9]+(?:[_.-][a-z0-9]+)+")  # hf_dataset_name: a name, not a token
 _JWT = re.compile(r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*")
 _SLACK_WEBHOOK = re.compile(r"hooks\.slack\.com/(?:services|workflows|triggers)/[^\s\"'<>]+", re.IGNORECASE)
-_AUTH_SCHEME = re.compile(r"(?<![A-Za-z0-9_-])(Bearer|Basic|Token|Digest|Negotiate)\s+[^\s\"',;]{8,}",
+_AUTH_SCHEME = re.compile(r"(?<![A-Za-z0-9_-])(Bearer|Basic|Token|Digest|Negotiate)\s+([^\s\"',;]{8,})",
                           re.IGNORECASE)
+_TOKEN68 = re.compile(r"[A-Za-z0-9._~+/-]+=*")  # what an Authorization header's credential is made of
 _PEM_BEGIN = re.compile(r"-----BEGIN ([A-Z0-9 ]{0,40})-----")
-_VALUE = re.compile(r"""\"[^"\n]*"|'[^'\n]*'|[^\s,;&'"]+""")
+_VALUE = re.compile(r"""\\"[^"\\\n]*\\"|\"[^"\n]*"|'[^'\n]*'|[^\s,;&'"\\]+""")  # \"v\" inside a JSON string
 # A name and its separator; the value after it is read only when the name is a credential's.
 _NAME_RUN = re.compile(r"[A-Za-z0-9_.-]*")
-_ASSIGN_SEP = re.compile(r"[\"']?\s*(?:=|:(?!//))\s*")  # name=value, name: value, "name": "value"
+_ASSIGN_SEP = re.compile(r"\\?[\"']?\s*(?:=|:(?!//))\s*")  # name=value, name: value, "name": "value", \"name\": ...
+_LIST_SEP = re.compile(r"""(\\?["'])\s*,\s*(?=\1)""")  # a printed argv: '--token', 'value'
+_PROSE_WORD = re.compile(r"[A-Za-z][a-z]*")
+_NEXT_WORD = re.compile(r"[ \t]+[A-Za-z][A-Za-z'-]*")
 _SPACE_SEP = re.compile(r"[ \t]+")  # --name value; netrc's "password value"
 _NETRC_WORDS = frozenset({"password", "passwd", "passphrase", "secret"})
 _RUN = re.compile(r"[A-Za-z0-9+/_=-]{20,}")
@@ -147,6 +159,17 @@ def _provider_token(match: re.Match[str]) -> str:
     if start > 0 and match.string[start - 1] in "_.-" and _SNAKE_NAME.fullmatch(match[0]):
         return match[0]
     return REDACTED
+
+
+def _auth_scheme(match: re.Match[str]) -> str:
+    """``Bearer``/``Basic``/``Token`` ... and the credential after it, replaced when the credential
+    is one: token68 characters (RFC 7235) and, but after ``Bearer``, not a plain word. Prose keeps
+    ``a basic approach:``, ``special token <|endoftext|>``, ``token ids:[151643]``."""
+    credential = match[2]
+    if _TOKEN68.fullmatch(credential) is None or (
+            match[1].lower() != "bearer" and _PROSE_WORD.fullmatch(credential.rstrip(".")) is not None):
+        return match[0]
+    return f"{match[1]} {REDACTED}"
 
 
 def _pem(text: str) -> str:
@@ -267,20 +290,38 @@ def _userinfo(token: str) -> str:
 
 
 _SPECIAL_TOKEN = re.compile(r"<\|?/?[A-Za-z0-9_.:-]*\|?>|\[[A-Z_]+\]")  # <|endoftext|>, </s>, [MASK]
+# Where the secret is kept, not the secret: ${oc.env:HF_TOKEN}, $HF_TOKEN, {{ secrets.X }}, ${{ secrets.X }}
+_REFERENCE = re.compile(r"\$\{\{[^{}]*\}\}|\$\{[^{}]*\}|\$[A-Za-z_][A-Za-z0-9_]*|\{\{[^{}]*\}\}")
+_LITERALS = frozenset({"none", "null", "nil", "true", "false", "yes", "no", "on", "off"})
 _ALNUM = re.compile(r"[A-Za-z0-9]")
 
 
 def _placeholder(value: str) -> bool:
     """A value that cannot be a secret, whatever name it is paired with: nothing, a marker
     without a letter or digit (the ``####`` a prompt asks the answer after), a vocabulary token
-    (``special token: <|endoftext|>``, ``eos_token: </s>``), or one already redacted."""
-    return value == REDACTED or _ALNUM.search(value) is None or _SPECIAL_TOKEN.fullmatch(value) is not None
+    (``special token: <|endoftext|>``, ``eos_token: </s>``), a boolean or null literal
+    (``use_auth_token: True``, ``--hub_token None``), a reference to where the secret is kept
+    (``${oc.env:HF_TOKEN}``, ``$HF_TOKEN``, ``{{ secrets.HF_TOKEN }}``), or one already redacted."""
+    return (value == REDACTED or _ALNUM.search(value) is None or value.lower() in _LITERALS
+            or _SPECIAL_TOKEN.fullmatch(value) is not None or _REFERENCE.fullmatch(value) is not None)
 
 
 def _run_length(text: str, at: int) -> int:
     """How many name characters (letters, digits, ``_ . -``) start at ``at``."""
     match = _NAME_RUN.match(text, at)
     return 0 if match is None else len(match[0])
+
+
+def _prose(text: str, value: re.Match[str]) -> bool:
+    """Whether a credential's name followed by ``:`` or a space is a sentence, not a pair: the value
+    is a plain word and the sentence goes on with another word that is no name of a pair
+    (``Answer with a single token: yes or no``, ``Password: the user gives you ...``,
+    ``the secret key to this problem``). ``password: swordfish``, ``password: hunter2 rejected``
+    and ``password: swordfish host: db`` are pairs."""
+    if _PROSE_WORD.fullmatch(value[0]) is None:
+        return False
+    after = _NEXT_WORD.match(text, value.end())
+    return after is not None and text[after.end():after.end() + 1] not in (":", "=")
 
 
 def _pairs(text: str) -> str:
@@ -309,18 +350,21 @@ def _pairs(text: str) -> str:
         after = text[end:end + 1]
         if after in (" ", "\t") and not (flag or name.lower() in _NETRC_WORDS):
             continue  # a name followed by a space is paired only as a flag or netrc's keyword
-        if start < pos or after not in ("=", ":", '"', "'", " ", "\t") or not is_secret_key(name):
+        if start < pos or after not in ("=", ":", '"', "'", " ", "\t", "\\") or not is_secret_key(name):
             continue
         sep = _ASSIGN_SEP.match(text, end)
-        if sep is None or (flag and text[end] != "="):
-            spaced = flag or name.lower() in _NETRC_WORDS
-            sep = _SPACE_SEP.match(text, end) if spaced else None
+        if flag and (sep is None or text[end] != "="):
+            sep = _LIST_SEP.match(text, end) or _SPACE_SEP.match(text, end)
+        elif sep is None and name.lower() in _NETRC_WORDS:
+            sep = _SPACE_SEP.match(text, end)
         if sep is None:
             continue
         value = _VALUE.match(text, sep.end())
-        if value is None or _placeholder(value[0].strip("'\"")) or (flag and value[0].startswith("--")):
+        if value is None or _placeholder(value[0].strip("'\"\\")) or (flag and value[0].startswith("--")):
             continue
-        quote = value[0][0] if value[0][:1] in ("'", '"') else ""
+        if not flag and "=" not in sep[0] and _prose(text, value):
+            continue
+        quote = value[0][:2] if value[0][:1] == "\\" else value[0][0] if value[0][:1] in ("'", '"') else ""
         out.append(text[pos:sep.end()] + quote + REDACTED + quote)
         pos = value.end()
     return "".join(out) + text[pos:] if out else text
@@ -337,7 +381,7 @@ def redact_text(text: str) -> str:
     if "eyJ" in text:
         text = _JWT.sub(REDACTED, text)
     if any(w in lower for w in ("bearer", "basic", "token", "digest", "negotiate")):
-        text = _AUTH_SCHEME.sub(lambda m: f"{m[1]} {REDACTED}", text)
+        text = _AUTH_SCHEME.sub(_auth_scheme, text)
     if "@" in text:
         text = _NONSPACE.sub(lambda m: _userinfo(m[0]) if "@" in m[0] else m[0], text)
     text = _pairs(text)
@@ -373,7 +417,7 @@ def _as_mapping(value: Any) -> Mapping[Any, Any] | None:
 
 def _empty(value: Any) -> bool:
     """A value under a credential's name that is kept: unset, or a placeholder (:func:`_placeholder`)."""
-    return value is None or value is False or (isinstance(value, str) and _placeholder(value))
+    return value is None or isinstance(value, bool) or (isinstance(value, str) and _placeholder(value))
 
 
 def _redact_string(text: str) -> str:
