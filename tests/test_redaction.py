@@ -525,3 +525,20 @@ def test_an_auth_scheme_word_in_prose_is_not_an_authorization_header(prompt: str
                            ("-H 'Authorization: Token 9944b09199c62bcf9418ad846dd0e4bbdfc6ee4b'", "9944b0"),
                            ("Authorization: Bearer abcdefghijklmnop", "abcdefghijklmnop")):
         assert secret not in redact_text(header), header
+
+
+@pytest.mark.parametrize(("text", "secret"), [
+    ("[default]\naws_access_key_id = AKIAIOSFODNN7EXAMPLE\naws_secret_access_key = u8jzPde0IgxLd6\n", "u8jzPde0IgxLd6"),
+    ('[wandb]\napi_key = "Pw25-toml-value"', "Pw25-toml-value"),
+    ("api.key = Pw25-spaced", "Pw25-spaced"),
+])
+def test_ini_and_toml_name_equals_value_with_spaces_is_a_pair(text: str, secret: str) -> None:
+    shown = redact_text(text)
+    assert secret not in shown and REDACTED in shown, shown
+
+
+@pytest.mark.parametrize("value", [
+    "Use your secret weapon: the quadratic formula.", "mailto:alice@example.com", "sip:bob@voip.example.com",
+])
+def test_a_sentence_and_an_address_are_not_credentials(value: str) -> None:
+    assert flatten_config({"note": value}) == {"note": value}

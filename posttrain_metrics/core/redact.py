@@ -144,7 +144,8 @@ _VALUE = re.compile(r"""\\"[^"\\\n]*\\"|\"[^"\n]*"|'[^'\n]*'|[^\s,;&'"\\]+""")  
 _NAME_RUN = re.compile(r"[A-Za-z0-9_.-]*")
 _ASSIGN_SEP = re.compile(r"\\?[\"']?\s*(?:=|:(?!//))\s*")  # name=value, name: value, "name": "value", \"name\": ...
 _LIST_SEP = re.compile(r"""(\\?["'])\s*,\s*(?=\1)""")  # a printed argv: '--token', 'value'
-_PROSE_WORD = re.compile(r"[A-Za-z][a-z]*")
+_PROSE_WORD = re.compile(r"[A-Za-z][a-z]*[:.,!?]?")
+_SPACED_ASSIGN = re.compile(r"[ \t]+=(?!=)")  # INI, TOML, .aws/credentials: name = value
 _NEXT_WORD = re.compile(r"[ \t]+[A-Za-z][A-Za-z'-]*")
 _SPACE_SEP = re.compile(r"[ \t]+")  # --name value; netrc's "password value"
 _NETRC_WORDS = frozenset({"password", "passwd", "passphrase", "secret"})
@@ -267,6 +268,10 @@ def _random_looking(run: str) -> bool:
     return size >= 8 and breaks >= RANDOM_BREAKS * size
 
 
+# URI schemes with no user info: mailto:alice@example.com is an address, not alice's password
+_NO_AUTHORITY = frozenset({"mailto", "sip", "sips", "xmpp", "tel", "im", "pres", "news", "urn"})
+
+
 def _userinfo(token: str) -> str:
     """``[scheme://]user:password@host...`` with the password replaced (it may hold ``/`` or ``@``:
     it runs to the token's last ``@``)."""
@@ -282,7 +287,7 @@ def _userinfo(token: str) -> str:
     if colon < start or (colon == start and scheme <= 0):  # redis://:password@host: an empty user
         return token
     user, password = token[start:colon], token[colon + 1:at]
-    if not password or "/" in user or password == REDACTED:
+    if not password or "/" in user or password == REDACTED or (scheme < 0 and user.lower() in _NO_AUTHORITY):
         return token
     if scheme > 0 and "/" in password and password.split("/", 1)[0].isdigit():
         return token  # host:port/path@... : no user info, an '@' in the path
@@ -348,8 +353,8 @@ def _pairs(text: str) -> str:
         name = text[start:end].lstrip(".0123456789")
         flag = name.startswith("-")
         after = text[end:end + 1]
-        if after in (" ", "\t") and not (flag or name.lower() in _NETRC_WORDS):
-            continue  # a name followed by a space is paired only as a flag or netrc's keyword
+        if after in (" ", "\t") and not (flag or name.lower() in _NETRC_WORDS or _SPACED_ASSIGN.match(text, end)):
+            continue  # a name followed by a space is paired only as a flag, netrc's keyword or INI's "name = value"
         if start < pos or after not in ("=", ":", '"', "'", " ", "\t", "\\") or not is_secret_key(name):
             continue
         sep = _ASSIGN_SEP.match(text, end)
