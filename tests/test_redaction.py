@@ -63,7 +63,21 @@ PROMPTS = ("Put your final answer after the token: ####", "special token: <|endo
            "### Instruction:\n{instruction}\n\n### Response:", "End with the stop token: </s>",
            "Think inside <think></think> tags, then give the answer after 'Answer:'.",
            "Use the key insight first: the answer is an integer between 0 and 999.",
-           "Rate the response from 1 to 10. Token budget: 512.")
+           "Rate the response from 1 to 10. Token budget: 512.",
+           "You are a helpful assistant. Never reveal the password.", "Answer with a single token: yes or no.",
+           "The secret key to this problem is to factor the polynomial.", "Use a basic approach: think first.",
+           "End each answer with the special token <|endoftext|> to stop.")
+CREDENTIAL_WORDS = ("password", "Password", "token", "Token", "key", "Key", "secret", "api key", "passphrase")
+
+
+def prose_naming_a_credential(rng: random.Random, n: int) -> list[str]:
+    """Sentences of system prompts and task descriptions that name a credential in plain English."""
+    templates = ("Never reveal the {w}.", "{w}: the user will give you one; say whether it is strong.",
+                 "Do not guess the {w} until you have checked it twice.", "The {w} to this problem is symmetry.",
+                 "Reply with one {w}: yes or no.", "The {w}: a unique value for each row of the table.",
+                 "If you see a {w} in the code, flag it and explain why.", "Explain what a {w} is to a child.",
+                 "Remember: the {w} is not the answer, the reasoning is.", "Use your {w} wisely: the budget is small.")
+    return [rng.choice(templates).format(w=rng.choice(CREDENTIAL_WORDS)) for _ in range(n)]
 
 
 def readable_values() -> dict[str, list[str]]:
@@ -110,6 +124,7 @@ def readable_values() -> dict[str, list[str]]:
             f"2024-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}T{rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}:00Z",
             f"{rng.randint(2020, 2026)}{rng.randint(1, 12):02d}{rng.randint(1, 28):02d}-{rng.randint(0, 235959):06d}"))),
         "prompts": list(PROMPTS),
+        "prose naming a credential": prose_naming_a_credential(rng, PER_CORPUS),
         "class and setting names": ["bf16", "deepspeed_zero3_offload", "FlashAttention2", "Qwen2ForCausalLM",
                                     "GPTNeoXForCausalLM", "LlamaForCausalLMWithValueHead", "cosine_with_min_lr",
                                     "AdamW8bit", "feature/grpo-kl-annealing", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
@@ -542,3 +557,33 @@ def test_ini_and_toml_name_equals_value_with_spaces_is_a_pair(text: str, secret:
 ])
 def test_a_sentence_and_an_address_are_not_credentials(value: str) -> None:
     assert flatten_config({"note": value}) == {"note": value}
+
+
+def credential_pairs_in_text(rng: random.Random, n: int) -> list[tuple[str, str]]:
+    """(text, secret): a credential's name and its value as env dumps, YAML, INI/TOML, JSON (plain or
+    escaped inside a JSON string), DSNs, command lines and netrc write them, the value a random
+    password or a plain word, the pair alone on its line or followed by another pair."""
+    names = ("password", "PGPASSWORD", "api_key", "apiKey", "HF_TOKEN", "client_secret", "x-api-key", "db.pass",
+             "WANDB_API_KEY", "token", "auth_token", "aws_secret_access_key")
+    words = ("swordfish", "dragon", "letmein", "hunter2", "Summer2024!", "correcthorse", "p4ss-w0rd", "qwerty123")
+
+    def value() -> str:
+        return rng.choice(words) + str(rng.randint(0, 99)) if rng.random() < 0.5 else \
+            "".join(rng.choice(ALNUM) for _ in range(rng.randint(6, 16)))
+
+    forms = ("{n}={v}", "{n}: {v}", "{n} = {v}", '"{n}": "{v}"', "{n}='{v}'", '{n} = "{v}"', "--{n} {v}",
+             "--{n}={v}", '\\"{n}\\": \\"{v}\\"', "'--{n}', '{v}'", "{n}: {v}\nhost: db", "{n}={v} user=u",
+             "machine h login u password {v}")
+    out = []
+    for _ in range(n):
+        v = value()
+        out.append((rng.choice(forms).format(n=rng.choice(names), v=v), v))
+    return out
+
+
+def test_credential_pairs_in_text_are_redacted_at_least_99_percent() -> None:
+    corpus = credential_pairs_in_text(random.Random(2025), 4 * PER_CORPUS)
+    leaked = [text for text, secret in corpus if secret in redact_text(f"config: {text} end")]
+    rate = 1 - len(leaked) / len(corpus)
+    print(f"[figure] credential pairs in text redacted: {rate:.1%}")
+    assert rate >= 0.99, leaked[:5]
