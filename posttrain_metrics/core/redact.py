@@ -6,13 +6,18 @@ Redaction works by rules, not by a list of examples. Three rules, applied in thi
    ``hfToken``, ``PGPASSWORD``, ``db_pwd``, ``pass``, ``Authorization``, ``webhook_url``) has its
    value replaced, and so does everything under it (``passwords: {admin: ...}``,
    ``secrets: {...}``, ``api_keys: [...]``). Words that only look like credentials stay readable:
-   ``max_tokens``, ``eos_token``, ``pad_token_id``, ``tokenizer``, ``sort_key``, ``pass_at_k``.
+   ``max_tokens``, ``eos_token``, ``pad_token_id``, ``tokenizer``, ``sort_key``, ``pass_at_k``, and
+   so do names that say where a credential is kept or what kind it is (``hf_token_path``,
+   ``password_file``, ``api_key_env``, ``auth_type``: :data:`_ABOUT_A_CREDENTIAL`).
 2. **A name paired with its value.** Where a structure pairs a name with a value, the name decides:
    a mapping whose ``name``/``key``/``env``/``header``... field holds a credential name has its other
    fields redacted (Kubernetes ``{name: WANDB_API_KEY, value: ...}``); in a list, the item after a
    credential name or flag is redacted (argv ``["--password", X]``, pairs ``("token", X)``); in text,
-   ``name=value``, ``name: value``, ``"name": "value"``, ``--name value``, ``--name=value`` and the
-   netrc ``password value`` (DSNs, query strings, env assignments, command lines, YAML or JSON text).
+   ``name=value``, ``name: value``, ``name = value``, ``"name": "value"`` (escaped inside a JSON
+   string too), ``--name value``, ``--name=value``, a printed argv ``'--name', 'value'`` and the
+   netrc ``password value`` (DSNs, query strings, env assignments, command lines, YAML, INI, TOML or
+   JSON text). After ``name:`` or ``name `` a plain word that a sentence goes on after is prose,
+   not a value (``Reply with one token: yes or no``: :func:`_prose`).
 3. **The value's own shape.** Wherever a string holds a secret in a recognisable form, that part is
    replaced: a provider token (``hf_``, ``sk-``, ``sk_live_``, ``ghp_``, ``github_pat_``,
    ``glpat-``, ``AIza``, ``AKIA``/``ASIA``, ``xox?-``, ``npm_``, ``pypi-``, Databricks ``dapi`` + 32
@@ -25,8 +30,9 @@ Redaction works by rules, not by a list of examples. Three rules, applied in thi
 
 Kept on purpose: pure hex (commit ids, UUIDs, digests, MLflow run ids cannot be told from a hex
 secret), names built of words, numbers and short tags (paths, checkpoint URIs, experiment names with
-hyperparameters, model and dataset names), and placeholders after a credential's name in text
-(``the token: ####``, ``special token: <|endoftext|>``).
+hyperparameters, model and dataset names), and placeholders after a credential's name
+(``the token: ####``, ``special token: <|endoftext|>``, ``use_auth_token: True``,
+``${oc.env:HF_TOKEN}``: :func:`_placeholder`).
 
 Bytes are decoded (UTF-8, undecodable bytes escaped) and redacted as text; tuples as lists.
 
