@@ -491,7 +491,9 @@ def test_prose_that_names_a_credential_keeps_the_next_word(prompt: str) -> None:
     for text, secret in (("password: hunter2 rejected", "hunter2"),  # not a plain word
                          ("user: bob password: swordfish host: db", "swordfish"),  # a pair follows, not a sentence
                          ("password: swordfish", "swordfish"),  # nothing follows
-                         ("machine api.wandb.ai login bob password swordfish", "swordfish")):
+                         ("machine api.wandb.ai login bob password swordfish", "swordfish"),
+                         ("machine h login bob password swordfish account ops", "swordfish"),  # netrc goes on
+                         ("password: $uperSecret rejected", "uperSecret")):  # a '$' password, not a $VAR
         assert secret not in redact_text(text) and REDACTED in redact_text(text), text
 
 

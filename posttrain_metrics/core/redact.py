@@ -155,6 +155,7 @@ _SPACED_ASSIGN = re.compile(r"[ \t]+=(?!=)")  # INI, TOML, .aws/credentials: nam
 _NEXT_WORD = re.compile(r"[ \t]+[A-Za-z][A-Za-z'-]*")
 _SPACE_SEP = re.compile(r"[ \t]+")  # --name value; netrc's "password value"
 _NETRC_WORDS = frozenset({"password", "passwd", "passphrase", "secret"})
+_NETRC_KEYWORDS = frozenset({"machine", "default", "login", "password", "account", "macdef"})  # pairs follow
 _RUN = re.compile(r"[A-Za-z0-9+/_=-]{20,}")
 _NONSPACE = re.compile(r"\S+")
 
@@ -302,7 +303,7 @@ def _userinfo(token: str) -> str:
 
 _SPECIAL_TOKEN = re.compile(r"<\|?/?[A-Za-z0-9_.:-]*\|?>|\[[A-Z_]+\]")  # <|endoftext|>, </s>, [MASK]
 # Where the secret is kept, not the secret: ${oc.env:HF_TOKEN}, $HF_TOKEN, {{ secrets.X }}, ${{ secrets.X }}
-_REFERENCE = re.compile(r"\$\{\{[^{}]*\}\}|\$\{[^{}]*\}|\$[A-Za-z_][A-Za-z0-9_]*|\{\{[^{}]*\}\}")
+_REFERENCE = re.compile(r"\$\{\{[^{}]*\}\}|\$\{[^{}]*\}|\$[A-Z_][A-Z0-9_]*|\{\{[^{}]*\}\}")
 _LITERALS = frozenset({"none", "null", "nil", "true", "false", "yes", "no", "on", "off"})
 _ALNUM = re.compile(r"[A-Za-z0-9]")
 
@@ -327,12 +328,13 @@ def _prose(text: str, value: re.Match[str]) -> bool:
     """Whether a credential's name followed by ``:`` or a space is a sentence, not a pair: the value
     is a plain word and the sentence goes on with another word that is no name of a pair
     (``Answer with a single token: yes or no``, ``Password: the user gives you ...``,
-    ``the secret key to this problem``). ``password: swordfish``, ``password: hunter2 rejected``
-    and ``password: swordfish host: db`` are pairs."""
+    ``the secret key to this problem``). ``password: swordfish``, ``password: hunter2 rejected``,
+    ``password: swordfish host: db`` and netrc's ``password swordfish account x`` are pairs."""
     if _PROSE_WORD.fullmatch(value[0]) is None:
         return False
     after = _NEXT_WORD.match(text, value.end())
-    return after is not None and text[after.end():after.end() + 1] not in (":", "=")
+    return (after is not None and text[after.end():after.end() + 1] not in (":", "=")
+            and after[0].strip().lower() not in _NETRC_KEYWORDS)
 
 
 def _pairs(text: str) -> str:
