@@ -544,7 +544,9 @@ def test_an_auth_scheme_word_in_prose_is_not_an_authorization_header(prompt: str
     assert flatten_config({"prompt": prompt}) == {"prompt": prompt}
     for header, secret in (("Authorization: Basic YWxpY2U6aHVudGVyMg==", "YWxpY2U6aHVudGVyMg=="),
                            ("-H 'Authorization: Token 9944b09199c62bcf9418ad846dd0e4bbdfc6ee4b'", "9944b0"),
-                           ("Authorization: Bearer abcdefghijklmnop", "abcdefghijklmnop")):
+                           ("Authorization: Bearer abcdefghijklmnop", "abcdefghijklmnop"),
+                           ("Authorization: token plainlowercaseword", "plainlowercaseword"),
+                           ('{"Authorization": "Basic plainlowercaseword"}', "plainlowercaseword")):
         assert secret not in redact_text(header), header
 
 

@@ -143,6 +143,7 @@ _JWT = re.compile(r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[
 _SLACK_WEBHOOK = re.compile(r"hooks\.slack\.com/(?:services|workflows|triggers)/[^\s\"'<>]+", re.IGNORECASE)
 _AUTH_SCHEME = re.compile(r"(?<![A-Za-z0-9_-])(Bearer|Basic|Token|Digest|Negotiate)\s+([^\s\"',;]{8,})",
                           re.IGNORECASE)
+_AFTER_AUTHORIZATION = re.compile(r"authorization[\"']?\s*[:=]\s*[\"']?$", re.IGNORECASE)
 _TOKEN68 = re.compile(r"[A-Za-z0-9._~+/-]+=*")  # what an Authorization header's credential is made of
 _PEM_BEGIN = re.compile(r"-----BEGIN ([A-Z0-9 ]{0,40})-----")
 _VALUE = re.compile(r"""\\"[^"\\\n]*\\"|\"[^"\n]*"|'[^'\n]*'|[^\s,;&'"\\]+""")  # \"v\" inside a JSON string
@@ -171,11 +172,13 @@ def _provider_token(match: re.Match[str]) -> str:
 
 def _auth_scheme(match: re.Match[str]) -> str:
     """``Bearer``/``Basic``/``Token`` ... and the credential after it, replaced when the credential
-    is one: token68 characters (RFC 7235) and, but after ``Bearer``, not a plain word. Prose keeps
+    is one: token68 characters (RFC 7235) and, but after ``Bearer`` or in an ``Authorization:``
+    header (``Authorization: token abcdefgh``), not a plain word. Prose keeps
     ``a basic approach:``, ``special token <|endoftext|>``, ``token ids:[151643]``."""
     credential = match[2]
-    if _TOKEN68.fullmatch(credential) is None or (
-            match[1].lower() != "bearer" and _PROSE_WORD.fullmatch(credential.rstrip(".")) is not None):
+    header = _AFTER_AUTHORIZATION.search(match.string, max(0, match.start() - 24), match.start()) is not None
+    if _TOKEN68.fullmatch(credential) is None or (not header and match[1].lower() != "bearer"
+                                                  and _PROSE_WORD.fullmatch(credential) is not None):
         return match[0]
     return f"{match[1]} {REDACTED}"
 
