@@ -203,6 +203,9 @@ def test_a_databricks_token_under_an_innocuous_key_is_redacted() -> None:
     ("run-hf_Pw25TokenAfterAHyphenInARunName", f"run-{REDACTED}"),
     ("cache in grpo_hf_dataset_cache_dir", "cache in grpo_hf_dataset_cache_dir"),  # a name, not a token
     ("sklearn-sk-learn-pipeline-v2", "sklearn-sk-learn-pipeline-v2"),
+    ("AZURE_CLIENT_SECRET is mYH8Q~Be~4oKtr7lgdUD~j.cRPQSrkekRAiz3C_O now", f"AZURE_CLIENT_SECRET is {REDACTED} now"),
+    ("mailchimp 8cab5a87e3af2cdc80836c148d26d050-us19", f"mailchimp {REDACTED}"),
+    ("commit 8cab5a87e3af2cdc80836c148d26d050 in us-east-1", "commit 8cab5a87e3af2cdc80836c148d26d050 in us-east-1"),
 ])
 def test_provider_prefixes_after_a_separator_and_new_providers(text: str, shown: str) -> None:
     assert redact_text(text) == shown

@@ -21,7 +21,7 @@ Redaction works by rules, not by a list of examples. Three rules, applied in thi
 3. **The value's own shape.** Wherever a string holds a secret in a recognisable form, that part is
    replaced: a provider token (``hf_``, ``sk-``, ``sk_live_``, ``ghp_``, ``github_pat_``,
    ``glpat-``, ``AIza``, ``AKIA``/``ASIA``, ``xox?-``, ``npm_``, ``pypi-``, Databricks ``dapi`` + 32
-   hex, a JWT ...), a Slack webhook URL, a PEM private-key block, the password of
+   hex, a JWT, an Azure AD client secret ``xxx8Q~...``, a Mailchimp key ``<32 hex>-us12`` ...), a Slack webhook URL, a PEM private-key block, the password of
    ``[user]:password@host`` (with or without a scheme, an empty user included: ``redis://:pw@host``;
    scp-style ``user:pass@host:path``), ``Bearer``/``Basic`` credentials, and any run of 20+ token
    characters that reads as random rather than as a name (:func:`_random_looking`).
@@ -138,6 +138,10 @@ _TOKEN_PREFIXES = (
     r"nvapi-", r"hvs\.", r"ya29\.", r"sntrys_", r"glc_", r"ATATT", r"LTAI", r"GOCSPX-", r"key-(?=[0-9a-f]{32})",
 )
 _PROVIDER_TOKEN = re.compile(r"(?<![A-Za-z0-9])(?:" + "|".join(_TOKEN_PREFIXES) + r")[A-Za-z0-9_.=-]{12,}")
+# Fixed shapes without a leading prefix: an Azure AD (Entra) client secret (3 characters, a digit,
+# "Q~", 31-34 more) and a Mailchimp key (32 hex, "-us" and a data centre number)
+_AZURE_AD_SECRET = re.compile(r"(?<![A-Za-z0-9_.~-])[A-Za-z0-9_-]{3}[0-9]Q~[A-Za-z0-9_.~-]{31,34}(?![A-Za-z0-9_.~-])")
+_MAILCHIMP_KEY = re.compile(r"(?<![A-Za-z0-9])[0-9a-f]{32}-us[0-9]{1,2}(?![A-Za-z0-9])")
 _SNAKE_NAME = re.compile(r"[a-z0-9]+(?:[_.-][a-z0-9]+)+")  # hf_dataset_name: a name, not a token
 _JWT = re.compile(r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*")
 _SLACK_WEBHOOK = re.compile(r"hooks\.slack\.com/(?:services|workflows|triggers)/[^\s\"'<>]+", re.IGNORECASE)
@@ -394,6 +398,10 @@ def redact_text(text: str) -> str:
     if "hooks.slack.com" in lower:
         text = _SLACK_WEBHOOK.sub(REDACTED, text)
     text = _PROVIDER_TOKEN.sub(_provider_token, text)
+    if "Q~" in text:
+        text = _AZURE_AD_SECRET.sub(REDACTED, text)
+    if "-us" in text:
+        text = _MAILCHIMP_KEY.sub(REDACTED, text)
     if "eyJ" in text:
         text = _JWT.sub(REDACTED, text)
     if any(w in lower for w in ("bearer", "basic", "token", "digest", "negotiate")):
