@@ -530,6 +530,7 @@ def test_a_name_that_says_where_or_what_kind_of_credential_is_not_a_credential(c
     ("[default]\naws_access_key_id = AKIAIOSFODNN7EXAMPLE\naws_secret_access_key = u8jzPde0IgxLd6\n", "u8jzPde0IgxLd6"),
     ('[wandb]\napi_key = "Pw25-toml-value"', "Pw25-toml-value"),
     ("api.key = Pw25-spaced", "Pw25-spaced"),
+    ("password=Pw25\\back\\slash user=u", "slash"),  # a backslash inside an unquoted value
 ])
 def test_escaped_json_printed_argv_and_ini_pair_the_name_with_its_value(text: str, secret: str) -> None:
     shown = redact_text(text)

@@ -150,7 +150,8 @@ _AUTH_SCHEME = re.compile(r"(?<![A-Za-z0-9_-])(Bearer|Basic|Token|Digest|Negotia
 _AFTER_AUTHORIZATION = re.compile(r"authorization[\"']?\s*[:=]\s*[\"']?$", re.IGNORECASE)
 _TOKEN68 = re.compile(r"[A-Za-z0-9._~+/-]+=*")  # what an Authorization header's credential is made of
 _PEM_BEGIN = re.compile(r"-----BEGIN ([A-Z0-9 ]{0,40})-----")
-_VALUE = re.compile(r"""\\"[^"\\\n]*\\"|\"[^"\n]*"|'[^'\n]*'|[^\s,;&'"\\]+""")  # \"v\" inside a JSON string
+# a value: \"v\" inside a JSON string, "v", 'v', or unquoted up to a separator, a quote, \" or \n
+_VALUE = re.compile(r"""\\"[^"\\\n]*\\"|\"[^"\n]*"|'[^'\n]*'|(?:[^\s,;&'"\\]|\\(?!["'ntr]))+""")
 # A name and its separator; the value after it is read only when the name is a credential's.
 _NAME_RUN = re.compile(r"[A-Za-z0-9_.-]*")
 _ASSIGN_SEP = re.compile(r"\\?[\"']?\s*(?:=|:(?!//))\s*")  # name=value, name: value, "name": "value", \"name\": ...
@@ -384,7 +385,7 @@ def _pairs(text: str) -> str:
             continue
         if not flag and "=" not in sep[0] and _prose(text, value):
             continue
-        quote = value[0][:2] if value[0][:1] == "\\" else value[0][0] if value[0][:1] in ("'", '"') else ""
+        quote = value[0][:2] if value[0][:2] == '\\"' else value[0][0] if value[0][:1] in ("'", '"') else ""
         out.append(text[pos:sep.end()] + quote + REDACTED + quote)
         pos = value.end()
     return "".join(out) + text[pos:] if out else text
