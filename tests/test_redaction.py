@@ -205,6 +205,11 @@ def test_a_databricks_token_under_an_innocuous_key_is_redacted() -> None:
     ("sklearn-sk-learn-pipeline-v2", "sklearn-sk-learn-pipeline-v2"),
     ("AZURE_CLIENT_SECRET is mYH8Q~Be~4oKtr7lgdUD~j.cRPQSrkekRAiz3C_O now", f"AZURE_CLIENT_SECRET is {REDACTED} now"),
     ("mailchimp 8cab5a87e3af2cdc80836c148d26d050-us19", f"mailchimp {REDACTED}"),
+    ("slack xapp-1-A07QX2B9K1M-7799123456789-3f9a0c1e7b2d4f6a8c0e1b3d5f7a9c2e3f9a0c1e7b2d4f6a8c0e1b3d5f7a9c2e",
+     f"slack {REDACTED}"),
+    ("postman PMAK-65f1c2d3e4f5a6b7c8d9e0f1-3f9a0c1e7b2d4f6a8c0e1b3d5f7a9c2e3f", f"postman {REDACTED}"),
+    ("supabase sbp_3f9a0c1e7b2d4f6a8c0e1b3d5f7a9c2e3f9a0c1e", f"supabase {REDACTED}"),
+    ("twilio SK3f9a0c1e7b2d4f6a8c0e1b3d5f7a9c2e", f"twilio {REDACTED}"),
     ("commit 8cab5a87e3af2cdc80836c148d26d050 in us-east-1", "commit 8cab5a87e3af2cdc80836c148d26d050 in us-east-1"),
 ])
 def test_provider_prefixes_after_a_separator_and_new_providers(text: str, shown: str) -> None:
@@ -501,7 +506,7 @@ def test_prose_that_names_a_credential_keeps_the_next_word(prompt: str) -> None:
 
 
 @pytest.mark.parametrize("config", [
-    {"use_auth_token": True}, {"auth": "none"},
+    {"use_auth_token": True}, {"auth": "none"}, {"auth": "required", "token_auth": "disabled"},
     {"api_key": "${oc.env:OPENAI_API_KEY}"}, {"hf_token": "$HF_TOKEN"}, {"token": "{{ secrets.HF_TOKEN }}"},
     {"password": "${{ secrets.DB_PASSWORD }}"},
     {"argv": "train.py --use_auth_token False --push_to_hub_token None --hub_token ${HF_TOKEN}"},

@@ -136,6 +136,8 @@ _TOKEN_PREFIXES = (
     r"npm_", r"pypi-", r"dop_v1_", r"shp(?:at|ss|ca|pa)_", r"SG\.", r"xai-", r"sq0(?:atp|csp)-",
     r"dapi(?=[0-9a-f]{32})", r"dckr_pat_", r"pplx-", r"gsk_", r"r8_", r"lsv2_(?:pt|sk)_",
     r"nvapi-", r"hvs\.", r"ya29\.", r"sntrys_", r"glc_", r"ATATT", r"LTAI", r"GOCSPX-", r"key-(?=[0-9a-f]{32})",
+    # tails of hex and numbers that the random rule keeps as ids: Slack app, Postman, Supabase, Twilio
+    r"xapp-", r"PMAK-", r"sbp_(?=[0-9a-f]{40})", r"SK(?=[0-9a-f]{32})",
 )
 _PROVIDER_TOKEN = re.compile(r"(?<![A-Za-z0-9])(?:" + "|".join(_TOKEN_PREFIXES) + r")[A-Za-z0-9_.=-]{12,}")
 # Fixed shapes without a leading prefix: an Azure AD (Entra) client secret (3 characters, a digit,
@@ -312,7 +314,8 @@ def _userinfo(token: str) -> str:
 _SPECIAL_TOKEN = re.compile(r"<\|?/?[A-Za-z0-9_.:-]*\|?>|\[[A-Z_]+\]")  # <|endoftext|>, </s>, [MASK]
 # Where the secret is kept, not the secret: ${oc.env:HF_TOKEN}, $HF_TOKEN, {{ secrets.X }}, ${{ secrets.X }}
 _REFERENCE = re.compile(r"\$\{\{[^{}]*\}\}|\$\{[^{}]*\}|\$[A-Z_][A-Z0-9_]*|\{\{[^{}]*\}\}")
-_LITERALS = frozenset({"none", "null", "nil", "true", "false", "yes", "no", "on", "off"})
+_LITERALS = frozenset({"none", "null", "nil", "true", "false", "yes", "no", "on", "off",  # and setting states
+                       "enabled", "disabled", "required", "optional"})
 _ALNUM = re.compile(r"[A-Za-z0-9]")
 
 
@@ -320,7 +323,7 @@ def _placeholder(value: str) -> bool:
     """A value that cannot be a secret, whatever name it is paired with: nothing, a marker
     without a letter or digit (the ``####`` a prompt asks the answer after), a vocabulary token
     (``special token: <|endoftext|>``, ``eos_token: </s>``), a boolean or null literal
-    (``use_auth_token: True``, ``--hub_token None``), a reference to where the secret is kept
+    or a setting's state (``use_auth_token: True``, ``--hub_token None``, ``auth: required``), a reference to where the secret is kept
     (``${oc.env:HF_TOKEN}``, ``$HF_TOKEN``, ``{{ secrets.HF_TOKEN }}``), or one already redacted."""
     return (value == REDACTED or _ALNUM.search(value) is None or value.lower() in _LITERALS
             or _SPECIAL_TOKEN.fullmatch(value) is not None or _REFERENCE.fullmatch(value) is not None)
