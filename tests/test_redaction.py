@@ -561,6 +561,7 @@ def test_an_auth_scheme_word_in_prose_is_not_an_authorization_header(prompt: str
 
 @pytest.mark.parametrize("value", [
     "Use your secret weapon: the quadratic formula.", "mailto:alice@example.com", "sip:bob@voip.example.com",
+    "python:3.11-slim@sha256:" + "5f0e3a9c" * 8,  # an image pinned by digest: tag, not password
 ])
 def test_a_sentence_and_an_address_are_not_credentials(value: str) -> None:
     assert flatten_config({"note": value}) == {"note": value}

@@ -285,6 +285,7 @@ def _random_looking(run: str) -> bool:
     return size >= 8 and breaks >= RANDOM_BREAKS * size
 
 
+_DIGEST = re.compile(r"sha(?:256|384|512):[0-9a-f]")
 # URI schemes with no user info: mailto:alice@example.com is an address, not alice's password
 _NO_AUTHORITY = frozenset({"mailto", "sip", "sips", "xmpp", "tel", "im", "pres", "news", "urn"})
 
@@ -293,7 +294,7 @@ def _userinfo(token: str) -> str:
     """``[scheme://]user:password@host...`` with the password replaced (it may hold ``/`` or ``@``:
     it runs to the token's last ``@``)."""
     at = token.rfind("@")
-    if at <= 0 or ":" not in token[:at]:
+    if at <= 0 or ":" not in token[:at] or _DIGEST.match(token, at + 1):  # image:tag@sha256:... pins a digest
         return token
     scheme = token.find("://", 0, at)
     if scheme > 0 and token[scheme - 1].isalnum():
