@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime
 import io
+import json
 import math
 import os
 import queue as queue_module
@@ -650,6 +651,11 @@ PLANTED: dict[str, tuple[Any, str]] = {
                                         "wJalrXUtnFEMI/K7MDENG/bPxRfiCYPq33EXAMPLE"),
     "token_urlsafe(32)": ({"note11": "Pq34zN6c_y2QdKfR-0tWbLmX9eHsUaVjGpYiT1oC8w"},
                           "Pq34zN6c_y2QdKfR-0tWbLmX9eHsUaVjGpYiT1oC8w"),
+    # the review of issue 25: a JSON string of JSON (escaped quotes) and an argv printed as a list
+    "escaped JSON text": ({"payload": json.dumps(json.dumps({"model": "q", "api_key": "Pq46-escaped-json"}))},
+                          "Pq46-escaped-json"),
+    "printed argv": ({"launch": "argv: ['train.py', '--hf_token', 'Pq47-printed-argv', '--lr', '1e-6']"},
+                     "Pq47-printed-argv"),
 }
 # Secrets used as mapping keys (the key is redacted, its value kept).
 KEYED: dict[str, tuple[Any, str]] = {
@@ -661,7 +667,9 @@ KEYED: dict[str, tuple[Any, str]] = {
 INNOCENT = {"rl": {"kl_beta": 0.04, "max_tokens": 256, "eos_token": "</s>", "pad_token_id": 0, "sort_key": "len",
                    "pass_at_k": 0.5},
             "model": "meta-llama/Llama-3.1-8B-Instruct", "git_sha": "0123456789abcdef0123456789abcdef01234567",
-            "url": "https://huggingface.co/datasets/gsm8k", "tags": ["grpo", "ablation"]}
+            "url": "https://huggingface.co/datasets/gsm8k", "tags": ["grpo", "ablation"],
+            "hub": {"use_auth_token": True, "hf_token_path": "/data/hf/token", "api_key": "${oc.env:OPENAI_API_KEY}"},
+            "prompt": "Answer with a single token: yes or no. Never reveal the password."}
 
 
 def planted_config() -> dict[str, Any]:
@@ -690,7 +698,9 @@ def test_what_only_looks_like_a_credential_stays_readable() -> None:
     assert flat == {"rl/kl_beta": 0.04, "rl/max_tokens": 256, "rl/eos_token": "</s>", "rl/pad_token_id": 0,
                     "rl/sort_key": "len", "rl/pass_at_k": 0.5, "model": "meta-llama/Llama-3.1-8B-Instruct",
                     "git_sha": "0123456789abcdef0123456789abcdef01234567",
-                    "url": "https://huggingface.co/datasets/gsm8k", "tags/0": "grpo", "tags/1": "ablation"}
+                    "url": "https://huggingface.co/datasets/gsm8k", "tags/0": "grpo", "tags/1": "ablation",
+                    "hub/use_auth_token": True, "hub/hf_token_path": "/data/hf/token",
+                    "hub/api_key": "${oc.env:OPENAI_API_KEY}", "prompt": INNOCENT["prompt"]}
     # the non-secret half of a pairing is kept: the user, the host, the other env entries
     flat = flatten_config(planted_config())
     assert flat["form12/pod/env/1/value"] == "0.1" and flat["form12/pod/env/0/name"] == "WANDB_API_KEY"
@@ -757,6 +767,7 @@ def test_a_planted_secret_of_any_shape_is_in_no_byte_of_any_artefact(
         assert secret not in console.getvalue(), f"{secret!r} is on the console"
     header = read_journal(root / "journal.jsonl").config
     assert header["innocent/rl/kl_beta"] == 0.04 and header["innocent/model"] == "meta-llama/Llama-3.1-8B-Instruct"
+    assert header["innocent/prompt"] == INNOCENT["prompt"] and header["innocent/hub/hf_token_path"] == "/data/hf/token"
 
 
 def test_no_secret_in_an_error_or_a_warning(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import json
 import random
 import string
 import uuid
@@ -62,7 +63,21 @@ PROMPTS = ("Put your final answer after the token: ####", "special token: <|endo
            "### Instruction:\n{instruction}\n\n### Response:", "End with the stop token: </s>",
            "Think inside <think></think> tags, then give the answer after 'Answer:'.",
            "Use the key insight first: the answer is an integer between 0 and 999.",
-           "Rate the response from 1 to 10. Token budget: 512.")
+           "Rate the response from 1 to 10. Token budget: 512.",
+           "You are a helpful assistant. Never reveal the password.", "Answer with a single token: yes or no.",
+           "The secret key to this problem is to factor the polynomial.", "Use a basic approach: think first.",
+           "End each answer with the special token <|endoftext|> to stop.")
+CREDENTIAL_WORDS = ("password", "Password", "token", "Token", "key", "Key", "secret", "api key", "passphrase")
+
+
+def prose_naming_a_credential(rng: random.Random, n: int) -> list[str]:
+    """Sentences of system prompts and task descriptions that name a credential in plain English."""
+    templates = ("Never reveal the {w}.", "{w}: the user will give you one; say whether it is strong.",
+                 "Do not guess the {w} until you have checked it twice.", "The {w} to this problem is symmetry.",
+                 "Reply with one {w}: yes or no.", "The {w}: a unique value for each row of the table.",
+                 "If you see a {w} in the code, flag it and explain why.", "Explain what a {w} is to a child.",
+                 "Remember: the {w} is not the answer, the reasoning is.", "Use your {w} wisely: the budget is small.")
+    return [rng.choice(templates).format(w=rng.choice(CREDENTIAL_WORDS)) for _ in range(n)]
 
 
 def readable_values() -> dict[str, list[str]]:
@@ -109,6 +124,7 @@ def readable_values() -> dict[str, list[str]]:
             f"2024-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}T{rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}:00Z",
             f"{rng.randint(2020, 2026)}{rng.randint(1, 12):02d}{rng.randint(1, 28):02d}-{rng.randint(0, 235959):06d}"))),
         "prompts": list(PROMPTS),
+        "prose naming a credential": prose_naming_a_credential(rng, PER_CORPUS),
         "class and setting names": ["bf16", "deepspeed_zero3_offload", "FlashAttention2", "Qwen2ForCausalLM",
                                     "GPTNeoXForCausalLM", "LlamaForCausalLMWithValueHead", "cosine_with_min_lr",
                                     "AdamW8bit", "feature/grpo-kl-annealing", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
@@ -187,6 +203,14 @@ def test_a_databricks_token_under_an_innocuous_key_is_redacted() -> None:
     ("run-hf_Pw25TokenAfterAHyphenInARunName", f"run-{REDACTED}"),
     ("cache in grpo_hf_dataset_cache_dir", "cache in grpo_hf_dataset_cache_dir"),  # a name, not a token
     ("sklearn-sk-learn-pipeline-v2", "sklearn-sk-learn-pipeline-v2"),
+    ("AZURE_CLIENT_SECRET is mYH8Q~Be~4oKtr7lgdUD~j.cRPQSrkekRAiz3C_O now", f"AZURE_CLIENT_SECRET is {REDACTED} now"),
+    ("mailchimp 8cab5a87e3af2cdc80836c148d26d050-us19", f"mailchimp {REDACTED}"),
+    ("slack xapp-1-A07QX2B9K1M-7799123456789-3f9a0c1e7b2d4f6a8c0e1b3d5f7a9c2e3f9a0c1e7b2d4f6a8c0e1b3d5f7a9c2e",
+     f"slack {REDACTED}"),
+    ("postman PMAK-65f1c2d3e4f5a6b7c8d9e0f1-3f9a0c1e7b2d4f6a8c0e1b3d5f7a9c2e3f", f"postman {REDACTED}"),
+    ("supabase sbp_3f9a0c1e7b2d4f6a8c0e1b3d5f7a9c2e3f9a0c1e", f"supabase {REDACTED}"),
+    ("twilio SK3f9a0c1e7b2d4f6a8c0e1b3d5f7a9c2e", f"twilio {REDACTED}"),
+    ("commit 8cab5a87e3af2cdc80836c148d26d050 in us-east-1", "commit 8cab5a87e3af2cdc80836c148d26d050 in us-east-1"),
 ])
 def test_provider_prefixes_after_a_separator_and_new_providers(text: str, shown: str) -> None:
     assert redact_text(text) == shown
@@ -456,3 +480,118 @@ def test_mlflows_param_name_warning_shows_no_secret_used_as_a_key(tmp_path: Any)
     assert not any(secret in t for t in texts), texts
     params = MlflowClient(handles["tracking_uri"]).get_run(handles["run_id"]).data.params
     assert "eu" in params.values() and not any(secret in k for k in params), params
+
+
+# -- review of issue 25: forms a second probe corpus found --------------------------------------------------
+
+
+@pytest.mark.parametrize("prompt", [
+    "Password: the user gives you a password; say whether it is strong.",
+    "Answer with a single token: yes or no.",
+    "The secret key to this problem is to factor the polynomial.",
+    "The key: a unique id for each row. The token: a subword unit.",
+    "Do not guess the password until you have checked it twice.",
+])
+def test_prose_that_names_a_credential_keeps_the_next_word(prompt: str) -> None:
+    """A credential's name in a sentence is followed by the sentence, not by a value: a plain word
+    that the sentence goes on after is kept (``token: yes or no``, ``Password: the user ...``)."""
+    assert flatten_config({"system_prompt": prompt}) == {"system_prompt": prompt}
+    for text, secret in (("password: hunter2 rejected", "hunter2"),  # not a plain word
+                         ("user: bob password: swordfish host: db", "swordfish"),  # a pair follows, not a sentence
+                         ("password: swordfish", "swordfish"),  # nothing follows
+                         ("machine api.wandb.ai login bob password swordfish", "swordfish"),
+                         ("machine h login bob password swordfish account ops", "swordfish"),  # netrc goes on
+                         ("password: $uperSecret rejected", "uperSecret")):  # a '$' password, not a $VAR
+        assert secret not in redact_text(text) and REDACTED in redact_text(text), text
+
+
+@pytest.mark.parametrize("config", [
+    {"use_auth_token": True}, {"auth": "none"}, {"auth": "required", "token_auth": "disabled"},
+    {"api_key": "${oc.env:OPENAI_API_KEY}"}, {"hf_token": "$HF_TOKEN"}, {"token": "{{ secrets.HF_TOKEN }}"},
+    {"password": "${{ secrets.DB_PASSWORD }}"},
+    {"argv": "train.py --use_auth_token False --push_to_hub_token None --hub_token ${HF_TOKEN}"},
+])
+def test_flags_and_references_under_a_credential_name_stay_readable(config: dict[str, Any]) -> None:
+    """A boolean, a null, or a reference to where the secret is kept (``${oc.env:X}``, ``$X``,
+    ``{{ secrets.X }}``) is not the secret: it says how the run found its credential."""
+    assert flatten_config(config) == config
+
+
+@pytest.mark.parametrize("config", [
+    {"hf_token_path": "/root/.cache/huggingface/token"}, {"password_file": "/run/secrets/db"},
+    {"ssh_key_path": "~/.ssh/id_ed25519"}, {"api_key_env": "OPENAI_API_KEY"}, {"auth_type": "bearer"},
+    {"secret_name": "wandb-secret"}, {"env": "HF_TOKEN_PATH=/data/hf/token HF_HOME=/data/hf"},
+])
+def test_a_name_that_says_where_or_what_kind_of_credential_is_not_a_credential(config: dict[str, Any]) -> None:
+    assert flatten_config(config) == config
+
+
+@pytest.mark.parametrize(("text", "secret"), [
+    (json.dumps(json.dumps({"model": "Qwen/Qwen2.5-7B", "api_key": "plainword"})), "plainword"),
+    ('payload="{\\"hf_token\\": \\"lowercasesecret\\"}"', "lowercasesecret"),
+    ("argv: ['train.py', '--hf_token', 'lowercasesecret', '--lr', '1e-6']", "lowercasesecret"),
+    ('["--api-key", "lowercasesecret"]', "lowercasesecret"),
+    # INI, TOML, .aws/credentials: name = value, spaces around the '='
+    ("[default]\naws_access_key_id = AKIAIOSFODNN7EXAMPLE\naws_secret_access_key = u8jzPde0IgxLd6\n", "u8jzPde0IgxLd6"),
+    ('[wandb]\napi_key = "Pw25-toml-value"', "Pw25-toml-value"),
+    ("api.key = Pw25-spaced", "Pw25-spaced"),
+    ("password=Pw25\\back\\slash user=u", "slash"),  # a backslash inside an unquoted value
+])
+def test_escaped_json_printed_argv_and_ini_pair_the_name_with_its_value(text: str, secret: str) -> None:
+    shown = redact_text(text)
+    assert secret not in shown and REDACTED in shown, shown
+
+
+@pytest.mark.parametrize("prompt", [
+    "Use a basic approach: think first, then answer.", "Basic arithmetic problems only.",
+    "End each answer with the special token <|endoftext|> to stop.", "the token ids:[151643] end a turn",
+    "Set the token HF_HOME=/data/hf before the run",
+])
+def test_an_auth_scheme_word_in_prose_is_not_an_authorization_header(prompt: str) -> None:
+    """``Basic``/``Token`` ... redact what follows only when it is a credential (token68 characters,
+    not a plain word): headers still are (``Authorization: Basic YWxp...==``)."""
+    assert flatten_config({"prompt": prompt}) == {"prompt": prompt}
+    for header, secret in (("Authorization: Basic YWxpY2U6aHVudGVyMg==", "YWxpY2U6aHVudGVyMg=="),
+                           ("-H 'Authorization: Token 9944b09199c62bcf9418ad846dd0e4bbdfc6ee4b'", "9944b0"),
+                           ("Authorization: Bearer abcdefghijklmnop", "abcdefghijklmnop"),
+                           ("Authorization: token plainlowercaseword", "plainlowercaseword"),
+                           ('{"Authorization": "Basic plainlowercaseword"}', "plainlowercaseword")):
+        assert secret not in redact_text(header), header
+
+
+@pytest.mark.parametrize("value", [
+    "Use your secret weapon: the quadratic formula.", "mailto:alice@example.com", "sip:bob@voip.example.com",
+    "python:3.11-slim@sha256:" + "5f0e3a9c" * 8,  # an image pinned by digest: tag, not password
+])
+def test_a_sentence_and_an_address_are_not_credentials(value: str) -> None:
+    assert flatten_config({"note": value}) == {"note": value}
+
+
+def credential_pairs_in_text(rng: random.Random, n: int) -> list[tuple[str, str]]:
+    """(text, secret): a credential's name and its value as env dumps, YAML, INI/TOML, JSON (plain or
+    escaped inside a JSON string), DSNs, command lines and netrc write them, the value a random
+    password or a plain word, the pair alone on its line or followed by another pair."""
+    names = ("password", "PGPASSWORD", "api_key", "apiKey", "HF_TOKEN", "client_secret", "x-api-key", "db.pass",
+             "WANDB_API_KEY", "token", "auth_token", "aws_secret_access_key")
+    words = ("swordfish", "dragon", "letmein", "hunter2", "Summer2024!", "correcthorse", "p4ss-w0rd", "qwerty123")
+
+    def value() -> str:
+        return rng.choice(words) + str(rng.randint(0, 99)) if rng.random() < 0.5 else \
+            "".join(rng.choice(ALNUM) for _ in range(rng.randint(6, 16)))
+
+    forms = ("{n}={v}", "{n}: {v}", "{n} = {v}", '"{n}": "{v}"', "{n}='{v}'", '{n} = "{v}"', "--{n} {v}",
+             "--{n}={v}", '\\"{n}\\": \\"{v}\\"', "'--{n}', '{v}'", "{n}: {v}\nhost: db", "{n}={v} user=u",
+             "machine h login u password {v}")
+    out = []
+    for _ in range(n):
+        v = value()
+        out.append((rng.choice(forms).format(n=rng.choice(names), v=v), v))
+    return out
+
+
+def test_credential_pairs_in_text_are_redacted_at_least_99_percent() -> None:
+    corpus = credential_pairs_in_text(random.Random(2025), 4 * PER_CORPUS)
+    leaked = [text for text, secret in corpus if secret in redact_text(f"config: {text} end")]
+    rate = 1 - len(leaked) / len(corpus)
+    print(f"[figure] credential pairs in text redacted: {rate:.1%}")
+    assert rate >= 0.99, leaked[:5]

@@ -6,17 +6,22 @@ Redaction works by rules, not by a list of examples. Three rules, applied in thi
    ``hfToken``, ``PGPASSWORD``, ``db_pwd``, ``pass``, ``Authorization``, ``webhook_url``) has its
    value replaced, and so does everything under it (``passwords: {admin: ...}``,
    ``secrets: {...}``, ``api_keys: [...]``). Words that only look like credentials stay readable:
-   ``max_tokens``, ``eos_token``, ``pad_token_id``, ``tokenizer``, ``sort_key``, ``pass_at_k``.
+   ``max_tokens``, ``eos_token``, ``pad_token_id``, ``tokenizer``, ``sort_key``, ``pass_at_k``, and
+   so do names that say where a credential is kept or what kind it is (``hf_token_path``,
+   ``password_file``, ``api_key_env``, ``auth_type``: :data:`_ABOUT_A_CREDENTIAL`).
 2. **A name paired with its value.** Where a structure pairs a name with a value, the name decides:
    a mapping whose ``name``/``key``/``env``/``header``... field holds a credential name has its other
    fields redacted (Kubernetes ``{name: WANDB_API_KEY, value: ...}``); in a list, the item after a
    credential name or flag is redacted (argv ``["--password", X]``, pairs ``("token", X)``); in text,
-   ``name=value``, ``name: value``, ``"name": "value"``, ``--name value``, ``--name=value`` and the
-   netrc ``password value`` (DSNs, query strings, env assignments, command lines, YAML or JSON text).
+   ``name=value``, ``name: value``, ``name = value``, ``"name": "value"`` (escaped inside a JSON
+   string too), ``--name value``, ``--name=value``, a printed argv ``'--name', 'value'`` and the
+   netrc ``password value`` (DSNs, query strings, env assignments, command lines, YAML, INI, TOML or
+   JSON text). After ``name:`` or ``name `` a plain word that a sentence goes on after is prose,
+   not a value (``Reply with one token: yes or no``: :func:`_prose`).
 3. **The value's own shape.** Wherever a string holds a secret in a recognisable form, that part is
    replaced: a provider token (``hf_``, ``sk-``, ``sk_live_``, ``ghp_``, ``github_pat_``,
    ``glpat-``, ``AIza``, ``AKIA``/``ASIA``, ``xox?-``, ``npm_``, ``pypi-``, Databricks ``dapi`` + 32
-   hex, a JWT ...), a Slack webhook URL, a PEM private-key block, the password of
+   hex, a JWT, an Azure AD client secret ``xxx8Q~...``, a Mailchimp key ``<32 hex>-us12`` ...), a Slack webhook URL, a PEM private-key block, the password of
    ``[user]:password@host`` (with or without a scheme, an empty user included: ``redis://:pw@host``;
    scp-style ``user:pass@host:path``), ``Bearer``/``Basic`` credentials, and any run of 20+ token
    characters that reads as random rather than as a name (:func:`_random_looking`).
@@ -25,8 +30,9 @@ Redaction works by rules, not by a list of examples. Three rules, applied in thi
 
 Kept on purpose: pure hex (commit ids, UUIDs, digests, MLflow run ids cannot be told from a hex
 secret), names built of words, numbers and short tags (paths, checkpoint URIs, experiment names with
-hyperparameters, model and dataset names), and placeholders after a credential's name in text
-(``the token: ####``, ``special token: <|endoftext|>``).
+hyperparameters, model and dataset names), and placeholders after a credential's name
+(``the token: ####``, ``special token: <|endoftext|>``, ``use_auth_token: True``,
+``${oc.env:HF_TOKEN}``: :func:`_placeholder`).
 
 Bytes are decoded (UTF-8, undecodable bytes escaped) and redacted as text; tuples as lists.
 
@@ -70,6 +76,12 @@ _KEY_QUALIFIERS = frozenset({"api", "secret", "access", "private", "auth", "encr
                              "master", "client", "wandb", "hf", "openai", "anthropic", "aws", "gcp", "azure",
                              "github", "gh", "mlflow", "license", "service", "account", "session", "app",
                              "deploy", "gpg", "pgp", "rsa", "stripe", "slack", "google"})
+# A last word that makes the name say where a credential is kept or what kind it is, not hold it:
+# hf_token_path, password_file, api_key_env, auth_type, secret_name.
+_ABOUT_A_CREDENTIAL = frozenset({"path", "paths", "file", "files", "filename", "dir", "directory", "env", "var",
+                                 "type", "kind", "mode", "method", "scheme", "provider", "name", "names",
+                                 "enabled", "required", "length", "len", "format", "version", "ttl",
+                                 "timeout", "expiry"})
 _SPLIT = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
 
 
@@ -87,10 +99,12 @@ def _secret_part(part: str) -> bool:
     """Whether one component of a key path names a credential."""
     if _TRIGGER.search(part) is None:  # the common case, decided at once
         return False
+    words = _words(part)
+    if len(words) > 1 and words[-1] in _ABOUT_A_CREDENTIAL:
+        return False
     squashed = re.sub(r"[^a-z0-9]", "", part.lower())
     if any(s in squashed for s in _SUBSTRINGS):
         return True
-    words = _words(part)
     if not words:
         return False
     if set(words) & _WORDS:
@@ -122,20 +136,34 @@ _TOKEN_PREFIXES = (
     r"npm_", r"pypi-", r"dop_v1_", r"shp(?:at|ss|ca|pa)_", r"SG\.", r"xai-", r"sq0(?:atp|csp)-",
     r"dapi(?=[0-9a-f]{32})", r"dckr_pat_", r"pplx-", r"gsk_", r"r8_", r"lsv2_(?:pt|sk)_",
     r"nvapi-", r"hvs\.", r"ya29\.", r"sntrys_", r"glc_", r"ATATT", r"LTAI", r"GOCSPX-", r"key-(?=[0-9a-f]{32})",
+    # tails of hex and numbers that the random rule keeps as ids: Slack app, Postman, Supabase, Twilio
+    r"xapp-", r"PMAK-", r"sbp_(?=[0-9a-f]{40})", r"SK(?=[0-9a-f]{32})",
 )
 _PROVIDER_TOKEN = re.compile(r"(?<![A-Za-z0-9])(?:" + "|".join(_TOKEN_PREFIXES) + r")[A-Za-z0-9_.=-]{12,}")
+# Fixed shapes without a leading prefix: an Azure AD (Entra) client secret (3 characters, a digit,
+# "Q~", 31-34 more) and a Mailchimp key (32 hex, "-us" and a data centre number)
+_AZURE_AD_SECRET = re.compile(r"(?<![A-Za-z0-9_.~-])[A-Za-z0-9_-]{3}[0-9]Q~[A-Za-z0-9_.~-]{31,34}(?![A-Za-z0-9_.~-])")
+_MAILCHIMP_KEY = re.compile(r"(?<![A-Za-z0-9])[0-9a-f]{32}-us[0-9]{1,2}(?![A-Za-z0-9])")
 _SNAKE_NAME = re.compile(r"[a-z0-9]+(?:[_.-][a-z0-9]+)+")  # hf_dataset_name: a name, not a token
 _JWT = re.compile(r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*")
 _SLACK_WEBHOOK = re.compile(r"hooks\.slack\.com/(?:services|workflows|triggers)/[^\s\"'<>]+", re.IGNORECASE)
-_AUTH_SCHEME = re.compile(r"(?<![A-Za-z0-9_-])(Bearer|Basic|Token|Digest|Negotiate)\s+[^\s\"',;]{8,}",
+_AUTH_SCHEME = re.compile(r"(?<![A-Za-z0-9_-])(Bearer|Basic|Token|Digest|Negotiate)\s+([^\s\"',;]{8,})",
                           re.IGNORECASE)
+_AFTER_AUTHORIZATION = re.compile(r"authorization[\"']?\s*[:=]\s*[\"']?$", re.IGNORECASE)
+_TOKEN68 = re.compile(r"[A-Za-z0-9._~+/-]+=*")  # what an Authorization header's credential is made of
 _PEM_BEGIN = re.compile(r"-----BEGIN ([A-Z0-9 ]{0,40})-----")
-_VALUE = re.compile(r"""\"[^"\n]*"|'[^'\n]*'|[^\s,;&'"]+""")
+# a value: \"v\" inside a JSON string, "v", 'v', or unquoted up to a separator, a quote, \" or \n
+_VALUE = re.compile(r"""\\"[^"\\\n]*\\"|\"[^"\n]*"|'[^'\n]*'|(?:[^\s,;&'"\\]|\\(?!["'ntr]))+""")
 # A name and its separator; the value after it is read only when the name is a credential's.
 _NAME_RUN = re.compile(r"[A-Za-z0-9_.-]*")
-_ASSIGN_SEP = re.compile(r"[\"']?\s*(?:=|:(?!//))\s*")  # name=value, name: value, "name": "value"
+_ASSIGN_SEP = re.compile(r"\\?[\"']?\s*(?:=|:(?!//))\s*")  # name=value, name: value, "name": "value", \"name\": ...
+_LIST_SEP = re.compile(r"""(\\?["'])\s*,\s*(?=\1)""")  # a printed argv: '--token', 'value'
+_PROSE_WORD = re.compile(r"[A-Za-z][a-z]*[:.,!?]?")
+_SPACED_ASSIGN = re.compile(r"[ \t]+=(?!=)")  # INI, TOML, .aws/credentials: name = value
+_NEXT_WORD = re.compile(r"[ \t]+[A-Za-z][A-Za-z'-]*")
 _SPACE_SEP = re.compile(r"[ \t]+")  # --name value; netrc's "password value"
 _NETRC_WORDS = frozenset({"password", "passwd", "passphrase", "secret"})
+_NETRC_KEYWORDS = frozenset({"machine", "default", "login", "password", "account", "macdef"})  # pairs follow
 _RUN = re.compile(r"[A-Za-z0-9+/_=-]{20,}")
 _NONSPACE = re.compile(r"\S+")
 
@@ -147,6 +175,19 @@ def _provider_token(match: re.Match[str]) -> str:
     if start > 0 and match.string[start - 1] in "_.-" and _SNAKE_NAME.fullmatch(match[0]):
         return match[0]
     return REDACTED
+
+
+def _auth_scheme(match: re.Match[str]) -> str:
+    """``Bearer``/``Basic``/``Token`` ... and the credential after it, replaced when the credential
+    is one: token68 characters (RFC 7235) and, but after ``Bearer`` or in an ``Authorization:``
+    header (``Authorization: token abcdefgh``), not a plain word. Prose keeps
+    ``a basic approach:``, ``special token <|endoftext|>``, ``token ids:[151643]``."""
+    credential = match[2]
+    header = _AFTER_AUTHORIZATION.search(match.string, max(0, match.start() - 24), match.start()) is not None
+    if _TOKEN68.fullmatch(credential) is None or (not header and match[1].lower() != "bearer"
+                                                  and _PROSE_WORD.fullmatch(credential) is not None):
+        return match[0]
+    return f"{match[1]} {REDACTED}"
 
 
 def _pem(text: str) -> str:
@@ -244,11 +285,16 @@ def _random_looking(run: str) -> bool:
     return size >= 8 and breaks >= RANDOM_BREAKS * size
 
 
+_DIGEST = re.compile(r"sha(?:256|384|512):[0-9a-f]")
+# URI schemes with no user info: mailto:alice@example.com is an address, not alice's password
+_NO_AUTHORITY = frozenset({"mailto", "sip", "sips", "xmpp", "tel", "im", "pres", "news", "urn"})
+
+
 def _userinfo(token: str) -> str:
     """``[scheme://]user:password@host...`` with the password replaced (it may hold ``/`` or ``@``:
     it runs to the token's last ``@``)."""
     at = token.rfind("@")
-    if at <= 0 or ":" not in token[:at]:
+    if at <= 0 or ":" not in token[:at] or _DIGEST.match(token, at + 1):  # image:tag@sha256:... pins a digest
         return token
     scheme = token.find("://", 0, at)
     if scheme > 0 and token[scheme - 1].isalnum():
@@ -259,7 +305,7 @@ def _userinfo(token: str) -> str:
     if colon < start or (colon == start and scheme <= 0):  # redis://:password@host: an empty user
         return token
     user, password = token[start:colon], token[colon + 1:at]
-    if not password or "/" in user or password == REDACTED:
+    if not password or "/" in user or password == REDACTED or (scheme < 0 and user.lower() in _NO_AUTHORITY):
         return token
     if scheme > 0 and "/" in password and password.split("/", 1)[0].isdigit():
         return token  # host:port/path@... : no user info, an '@' in the path
@@ -267,20 +313,40 @@ def _userinfo(token: str) -> str:
 
 
 _SPECIAL_TOKEN = re.compile(r"<\|?/?[A-Za-z0-9_.:-]*\|?>|\[[A-Z_]+\]")  # <|endoftext|>, </s>, [MASK]
+# Where the secret is kept, not the secret: ${oc.env:HF_TOKEN}, $HF_TOKEN, {{ secrets.X }}, ${{ secrets.X }}
+_REFERENCE = re.compile(r"\$\{\{[^{}]*\}\}|\$\{[^{}]*\}|\$[A-Z_][A-Z0-9_]*|\{\{[^{}]*\}\}")
+_LITERALS = frozenset({"none", "null", "nil", "true", "false", "yes", "no", "on", "off",  # and setting states
+                       "enabled", "disabled", "required", "optional"})
 _ALNUM = re.compile(r"[A-Za-z0-9]")
 
 
 def _placeholder(value: str) -> bool:
     """A value that cannot be a secret, whatever name it is paired with: nothing, a marker
     without a letter or digit (the ``####`` a prompt asks the answer after), a vocabulary token
-    (``special token: <|endoftext|>``, ``eos_token: </s>``), or one already redacted."""
-    return value == REDACTED or _ALNUM.search(value) is None or _SPECIAL_TOKEN.fullmatch(value) is not None
+    (``special token: <|endoftext|>``, ``eos_token: </s>``), a boolean or null literal
+    or a setting's state (``use_auth_token: True``, ``--hub_token None``, ``auth: required``), a reference to where the secret is kept
+    (``${oc.env:HF_TOKEN}``, ``$HF_TOKEN``, ``{{ secrets.HF_TOKEN }}``), or one already redacted."""
+    return (value == REDACTED or _ALNUM.search(value) is None or value.lower() in _LITERALS
+            or _SPECIAL_TOKEN.fullmatch(value) is not None or _REFERENCE.fullmatch(value) is not None)
 
 
 def _run_length(text: str, at: int) -> int:
     """How many name characters (letters, digits, ``_ . -``) start at ``at``."""
     match = _NAME_RUN.match(text, at)
     return 0 if match is None else len(match[0])
+
+
+def _prose(text: str, value: re.Match[str]) -> bool:
+    """Whether a credential's name followed by ``:`` or a space is a sentence, not a pair: the value
+    is a plain word and the sentence goes on with another word that is no name of a pair
+    (``Answer with a single token: yes or no``, ``Password: the user gives you ...``,
+    ``the secret key to this problem``). ``password: swordfish``, ``password: hunter2 rejected``,
+    ``password: swordfish host: db`` and netrc's ``password swordfish account x`` are pairs."""
+    if _PROSE_WORD.fullmatch(value[0]) is None:
+        return False
+    after = _NEXT_WORD.match(text, value.end())
+    return (after is not None and text[after.end():after.end() + 1] not in (":", "=")
+            and after[0].strip().lower() not in _NETRC_KEYWORDS)
 
 
 def _pairs(text: str) -> str:
@@ -307,20 +373,23 @@ def _pairs(text: str) -> str:
         name = text[start:end].lstrip(".0123456789")
         flag = name.startswith("-")
         after = text[end:end + 1]
-        if after in (" ", "\t") and not (flag or name.lower() in _NETRC_WORDS):
-            continue  # a name followed by a space is paired only as a flag or netrc's keyword
-        if start < pos or after not in ("=", ":", '"', "'", " ", "\t") or not is_secret_key(name):
+        if after in (" ", "\t") and not (flag or name.lower() in _NETRC_WORDS or _SPACED_ASSIGN.match(text, end)):
+            continue  # a name followed by a space is paired only as a flag, netrc's keyword or INI's "name = value"
+        if start < pos or after not in ("=", ":", '"', "'", " ", "\t", "\\") or not is_secret_key(name):
             continue
         sep = _ASSIGN_SEP.match(text, end)
-        if sep is None or (flag and text[end] != "="):
-            spaced = flag or name.lower() in _NETRC_WORDS
-            sep = _SPACE_SEP.match(text, end) if spaced else None
+        if flag and (sep is None or text[end] != "="):
+            sep = _LIST_SEP.match(text, end) or _SPACE_SEP.match(text, end)
+        elif sep is None and name.lower() in _NETRC_WORDS:
+            sep = _SPACE_SEP.match(text, end)
         if sep is None:
             continue
         value = _VALUE.match(text, sep.end())
-        if value is None or _placeholder(value[0].strip("'\"")) or (flag and value[0].startswith("--")):
+        if value is None or _placeholder(value[0].strip("'\"\\")) or (flag and value[0].startswith("--")):
             continue
-        quote = value[0][0] if value[0][:1] in ("'", '"') else ""
+        if not flag and "=" not in sep[0] and _prose(text, value):
+            continue
+        quote = value[0][:2] if value[0][:2] == '\\"' else value[0][0] if value[0][:1] in ("'", '"') else ""
         out.append(text[pos:sep.end()] + quote + REDACTED + quote)
         pos = value.end()
     return "".join(out) + text[pos:] if out else text
@@ -334,10 +403,14 @@ def redact_text(text: str) -> str:
     if "hooks.slack.com" in lower:
         text = _SLACK_WEBHOOK.sub(REDACTED, text)
     text = _PROVIDER_TOKEN.sub(_provider_token, text)
+    if "Q~" in text:
+        text = _AZURE_AD_SECRET.sub(REDACTED, text)
+    if "-us" in text:
+        text = _MAILCHIMP_KEY.sub(REDACTED, text)
     if "eyJ" in text:
         text = _JWT.sub(REDACTED, text)
     if any(w in lower for w in ("bearer", "basic", "token", "digest", "negotiate")):
-        text = _AUTH_SCHEME.sub(lambda m: f"{m[1]} {REDACTED}", text)
+        text = _AUTH_SCHEME.sub(_auth_scheme, text)
     if "@" in text:
         text = _NONSPACE.sub(lambda m: _userinfo(m[0]) if "@" in m[0] else m[0], text)
     text = _pairs(text)
@@ -373,7 +446,7 @@ def _as_mapping(value: Any) -> Mapping[Any, Any] | None:
 
 def _empty(value: Any) -> bool:
     """A value under a credential's name that is kept: unset, or a placeholder (:func:`_placeholder`)."""
-    return value is None or value is False or (isinstance(value, str) and _placeholder(value))
+    return value is None or isinstance(value, bool) or (isinstance(value, str) and _placeholder(value))
 
 
 def _redact_string(text: str) -> str:
