@@ -119,6 +119,20 @@ def test_demo_console_shows_our_lines_and_the_trackers_chatter_goes_to_the_log(d
         assert "SKIPPED" not in line
 
 
+def test_demo_summary_prints_the_links_that_open_each_tracker_on_the_headline_keys(demo_run: Path) -> None:
+    """TensorBoard's custom-scalars tab (its headline group first) and MLflow's runs table with the
+    headline columns (the experiment's shared view; its id is the one the run went to)."""
+    from mlflow import MlflowClient
+
+    stdout = OUTPUT["stdout"]
+    assert "then open http://localhost:6006/#custom_scalars" in stdout
+    experiment = MlflowClient(f"sqlite:///{demo_run / 'mlflow.db'}").get_experiment_by_name("posttrain-metrics-demo")
+    assert experiment is not None
+    assert (f"then open http://127.0.0.1:5000/#/experiments/{experiment.experiment_id}/runs"
+            "?workflowType=machine_learning&viewStateShareKey=posttrain-metrics") in stdout
+    assert "mlflow.sharedViewState.posttrain-metrics" in experiment.tags
+
+
 def test_demo_reward_rises_over_a_seeded_run() -> None:
     """80 steps on 2 ranks, seed 0: the mean reward of the last tenth of the steps far above the first."""
     summaries = run_distributed(ToyConfig(steps=80, seed=0), _null_hooks, ranks=2)

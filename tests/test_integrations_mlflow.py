@@ -615,6 +615,32 @@ def test_the_creating_user_and_the_experiment_kind_are_recorded(mlflow_server: s
         assert found.tags["mlflow.experimentKind"] == "custom_model_development"
 
 
+def test_the_printed_link_opens_the_runs_table_on_the_headline_columns(mlflow_server: str, tmp_path: Path) -> None:
+    """MLflow 3.17's runs table shows every metric column hidden; the experiment's shared view state
+    (tag ``mlflow.sharedViewState.<key>``, loaded by ``viewStateShareKey=<key>``) makes the headline
+    keys and their run aggregates visible, in that order (checked in headless Chromium too)."""
+    import json
+
+    from posttrain_metrics.integrations.views import mlflow_link
+
+    name = f"view-{uuid.uuid4().hex[:6]}"
+    publish(MlflowSink(tracking_uri=mlflow_server, experiment_name=name), grpo_run(steps=1), GRPO_ADAPTERS,
+            tmp_path / "journal.jsonl")
+    experiment = MlflowClient(mlflow_server).get_experiment_by_name(name)
+    assert experiment is not None
+    state = json.loads(experiment.tags["mlflow.sharedViewState.posttrain-metrics"])
+    # the GRPO run's numeric headline keys in declaration order, each with its run aggregate
+    headline = ["train/loss_avg", "train/kl_mean", "train/kl_max", "train/reward_mean",
+                "train/grpo_informative_group_count", "train/grad_norm"]
+    expected = ["attributes.`Source`"] + [f"metrics.`{p}{k}`" for k in headline for p in ("", "run/")]
+    assert state == {"selectedColumns": expected, "columnOrder": expected}
+    assert mlflow_link(mlflow_server, experiment.experiment_id) == (
+        f"{mlflow_server}/#/experiments/{experiment.experiment_id}/runs"
+        "?workflowType=machine_learning&viewStateShareKey=posttrain-metrics")
+    assert mlflow_link("sqlite:////x/mlflow.db", "7") == (
+        "http://127.0.0.1:5000/#/experiments/7/runs?workflowType=machine_learning&viewStateShareKey=posttrain-metrics")
+
+
 def test_experiment_name_and_its_older_alias(tmp_path: Path) -> None:
     assert MlflowSink(experiment_name="a").experiment_name() == "a"
     assert MlflowSink(experiment="a").experiment_name() == "a"

@@ -113,7 +113,9 @@ The experiment is ``experiment_name`` (``experiment``, its older name, is accept
 ``mlflow.experimentKind = custom_model_development`` (set on an existing experiment without it),
 which MLflow 3's UI reads to open the experiment on its runs table with metric charts rather than
 its GenAI overview (MLflow 3.17's UI obeys its own per-browser "GenAI / Model training" switch first:
-``#/experiments/<id>?workflowType=machine_learning`` is the link that opens the runs table).
+``#/experiments/<id>/runs?workflowType=machine_learning&viewStateShareKey=posttrain-metrics`` is
+the link that opens the runs table, with the headline columns of the experiment's shared view:
+:mod:`.views`).
 ``run_id``, else ``MLFLOW_RUN_ID``, targets an existing MLflow run; otherwise a run tagged with the
 publisher's run id is resumed when one exists in the experiment (a restarted job continues its run), and a new run is
 created when none does.
@@ -127,6 +129,7 @@ import contextlib
 import dataclasses
 import getpass
 import hashlib
+import json
 import math
 import os
 import re
@@ -138,9 +141,11 @@ from typing import Any
 
 from ..core.errors import MetricsError
 from ..core.frame import Frame
+from ..core.keys import KeyInfo
 from ..core.redact import param_text, redact_text
 from ..core.summary import RunSummary
 from .base import Points, RunInfo
+from .views import MLFLOW_VIEW_TAG, mlflow_view_state
 
 __all__ = ["MlflowSink"]
 
@@ -523,6 +528,7 @@ class MlflowSink:
                 )
                 existing = found[0] if found else None
 
+        self._share_view(client, MlflowException, run.keys)
         tags = {RUN_ID_TAG: run.run_id, ADAPTERS_TAG: ",".join(run.adapters), MLFLOW_USER_TAG: _user()}
         for key, value in self.tags.items():
             tags[self._tag_names(str(key))] = self._truncate(str(value), self._tag_limit, "tag", str(key))
@@ -617,6 +623,16 @@ class MlflowSink:
             if found is None:
                 raise
             return str(found.experiment_id)
+
+    def _share_view(self, client: Any, error: type[Exception], keys: Mapping[str, KeyInfo]) -> None:
+        """The experiment's shared view (:mod:`.views`): the runs table opened by :func:`mlflow_link`
+        shows the headline keys and their ``run/`` aggregates, where MLflow shows every metric hidden."""
+        state = json.dumps(mlflow_view_state(keys), separators=(",", ":"))
+        try:
+            client.set_experiment_tag(self.experiment_id, MLFLOW_VIEW_TAG, state)
+        except error as exc:  # not allowed to tag it: the link then opens the table as MLflow shows it
+            warnings.warn(f"mlflow: could not store the experiment's view ({redact_text(str(exc))[:200]}); "
+                          "its runs table shows the metric columns once chosen under Columns", stacklevel=3)
 
     # ------------------------------------------------------------------ write
     def write(self, frame: Frame) -> None:
