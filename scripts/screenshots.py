@@ -24,6 +24,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from posttrain_metrics.integrations.views import mlflow_link
+
 ROOT = Path(__file__).resolve().parent.parent
 IMG = ROOT / "docs" / "img"
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
@@ -101,8 +103,9 @@ def main() -> int:
         [mlrun] = client.search_runs([experiment.experiment_id], max_results=1)
         # MLflow 3.17's UI picks an experiment's page by its global "GenAI / Model training" switch
         # (remembered per browser, GenAI at first), not by the experiment's kind tag: the link with
-        # workflowType=machine_learning is the one that opens the runs table (the README gives it).
-        page.goto(f"{ml}#/experiments/{experiment.experiment_id}?workflowType=machine_learning")
+        # workflowType=machine_learning is the one that opens the runs table, and viewStateShareKey
+        # its headline columns (the link the demo prints and the README gives).
+        page.goto(mlflow_link(ml, experiment.experiment_id))
         page.wait_for_timeout(8000)
         close_assistant(page)
         page.screenshot(path=str(IMG / "mlflow_overview.png"))
