@@ -128,8 +128,9 @@ def test_demo_summary_prints_the_links_that_open_each_tracker_on_the_headline_ke
     assert "then open http://localhost:6006/#custom_scalars" in stdout
     experiment = MlflowClient(f"sqlite:///{demo_run / 'mlflow.db'}").get_experiment_by_name("posttrain-metrics-demo")
     assert experiment is not None
-    assert (f"then open http://127.0.0.1:5000/#/experiments/{experiment.experiment_id}/runs"
-            "?workflowType=machine_learning&viewStateShareKey=posttrain-metrics") in stdout
+    link = (f"http://127.0.0.1:5000/#/experiments/{experiment.experiment_id}/runs"
+            "?workflowType=machine_learning&viewStateShareKey=posttrain-metrics")
+    assert f"runs table: {link}\n" in stdout and f"charts:     {link}&compareRunsMode=CHART\n" in stdout
     assert "mlflow.sharedViewState.posttrain-metrics" in experiment.tags
 
 

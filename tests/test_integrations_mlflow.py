@@ -633,10 +633,16 @@ def test_the_printed_link_opens_the_runs_table_on_the_headline_columns(mlflow_se
     headline = ["train/loss_avg", "train/kl_mean", "train/kl_max", "train/reward_mean",
                 "train/grpo_informative_group_count", "train/grad_norm"]
     expected = ["attributes.`Source`"] + [f"metrics.`{p}{k}`" for k in headline for p in ("", "run/")]
-    assert state == {"selectedColumns": expected, "columnOrder": expected}
+    assert state["selectedColumns"] == state["columnOrder"] == expected
+    # the chart view: one first section, one line chart over steps per headline key, in that order
+    assert [s["name"] for s in state["compareRunSections"]] == ["headline"] and state["isAccordionReordered"]
+    charts = state["compareRunCharts"]
+    assert [(c["metricKey"], c["type"], c["xAxisKey"]) for c in charts] == [(k, "LINE", "step") for k in headline]
+    assert {c["metricSectionId"] for c in charts} == {state["compareRunSections"][0]["uuid"]}
     assert mlflow_link(mlflow_server, experiment.experiment_id) == (
         f"{mlflow_server}/#/experiments/{experiment.experiment_id}/runs"
         "?workflowType=machine_learning&viewStateShareKey=posttrain-metrics")
+    assert mlflow_link(mlflow_server, "7", charts=True).endswith("viewStateShareKey=posttrain-metrics&compareRunsMode=CHART")
     assert mlflow_link("sqlite:////x/mlflow.db", "7") == (
         "http://127.0.0.1:5000/#/experiments/7/runs?workflowType=machine_learning&viewStateShareKey=posttrain-metrics")
 

@@ -113,7 +113,9 @@ def report(out: Path, summary: Mapping[str, Any], sinks: Sequence[Mapping[str, A
         lines.append(f"  MLflow        mlflow ui --backend-store-uri {uri}")
         experiment = _mlflow_experiment(out)
         if experiment is not None:
-            lines.append(f"                then open {mlflow_link(mlflow.get('tracking_uri'), experiment)}")
+            tracking = mlflow.get("tracking_uri")
+            lines.append(f"                runs table: {mlflow_link(tracking, experiment)}")
+            lines.append(f"                charts:     {mlflow_link(tracking, experiment, charts=True)}")
     if "wandb" in kinds:
         runs = sorted((out / "wandb").glob("offline-run-*"))
         lines.append(f"  W&B           wandb sync {os.path.relpath(runs[-1]) if runs else rel + '/wandb'}")

@@ -7,7 +7,8 @@ Neither UI takes a default view from the data, so each one gets the state its ow
   ``mlflow.sharedViewState.<key>`` holding the page's UI state as JSON, opened by the URL parameter
   ``viewStateShareKey=<key>`` (what the page's own "Share" button writes and reads). Ours selects the
   headline keys and their ``run/`` aggregates as visible columns of the runs table, which otherwise
-  shows every metric column hidden.
+  shows every metric column hidden, and opens its chart view on a ``headline`` section (otherwise
+  sections by namespace, ``optim`` first).
 - **TensorBoard**: its custom-scalars tab (``#custom_scalars``), whose layout
   (:mod:`.tensorboard`) opens on the headline group; and the Time Series tab's ``pinnedCards`` URL
   parameter, which pins the headline charts above the alphabetical list.
@@ -50,14 +51,35 @@ def headline_metrics(keys: Mapping[str, KeyInfo]) -> list[str]:
 
 
 def mlflow_view_state(keys: Mapping[str, KeyInfo]) -> dict[str, Any]:
-    """The experiment page's UI state that shows each headline key and its run aggregate as columns
-    of the runs table (the page reads ``selectedColumns`` as ``metrics.`<key>``` names)."""
+    """The experiment page's UI state: each headline key and its run aggregate as columns of the runs
+    table (``selectedColumns``, as ``metrics.`<key>``` names), and, in its chart view, a first
+    section ``headline`` with one line chart per headline key; the page adds every other metric's
+    chart after it, by namespace, as it does by default."""
+    headline = headline_metrics(keys)
     columns = list(_MLFLOW_DEFAULT_COLUMNS)
-    for key in headline_metrics(keys):
+    for key in headline:
         columns += [f"metrics.`{key}`", f"metrics.`{RUN_PREFIX}{key}`"]
     # the table sorts selected metric columns by name (run/... before train/...) unless the state
     # gives an order: each key next to its run aggregate, in declaration order
-    return {"selectedColumns": columns, "columnOrder": columns}
+    return {"selectedColumns": columns, "columnOrder": columns,
+            "compareRunSections": [{"uuid": _SECTION, "name": "headline", "display": True, "isReordered": False,
+                                    "deleted": False, "isGenerated": False}],
+            "compareRunCharts": [_line_chart(key) for key in headline],
+            "isAccordionReordered": True}
+
+
+_SECTION = "posttrain-metrics-headline"
+
+
+def _line_chart(key: str) -> dict[str, Any]:
+    """One line chart card of MLflow 3.17's chart view over steps (the fields of its
+    ``RunsChartsLineCardConfig``, defaults kept)."""
+    return {"uuid": f"posttrain-metrics-{key}", "type": "LINE", "runsCountToCompare": 10,
+            "metricSectionId": _SECTION, "deleted": False, "isGenerated": True, "metricKey": key,
+            "displayName": key, "lineSmoothness": 0, "xAxisScaleType": "linear", "scaleType": "linear",
+            "range": {}, "xAxisKey": "step", "selectedXAxisMetricKey": "", "yAxisKey": "metric",
+            "yAxisExpressions": [], "ignoreOutliers": False, "useGlobalXaxisKey": True,
+            "useGlobalLineSmoothing": True}
 
 
 def mlflow_ui_base(tracking_uri: str | None) -> str:
@@ -67,11 +89,13 @@ def mlflow_ui_base(tracking_uri: str | None) -> str:
     return uri if uri.startswith(("http://", "https://")) else MLFLOW_UI
 
 
-def mlflow_link(tracking_uri: str | None, experiment_id: str) -> str:
-    """The experiment's runs table with the headline columns shown: ``workflowType`` flips 3.17's
-    GenAI/Model-training switch (a fresh browser opens GenAI), ``viewStateShareKey`` loads the state
-    (read on the ``/runs`` route only: the bare experiment route drops it)."""
-    query = urllib.parse.urlencode({"workflowType": "machine_learning", "viewStateShareKey": MLFLOW_VIEW_KEY})
+def mlflow_link(tracking_uri: str | None, experiment_id: str, *, charts: bool = False) -> str:
+    """The experiment's runs table with the headline columns shown (``charts``: its chart view, the
+    headline section first): ``workflowType`` flips 3.17's GenAI/Model-training switch (a fresh
+    browser opens GenAI), ``viewStateShareKey`` loads the state (read on the ``/runs`` route only: the
+    bare experiment route drops it), ``compareRunsMode=CHART`` picks the chart view."""
+    params = {"workflowType": "machine_learning", "viewStateShareKey": MLFLOW_VIEW_KEY}
+    query = urllib.parse.urlencode({**params, **({"compareRunsMode": "CHART"} if charts else {})})
     return f"{mlflow_ui_base(tracking_uri)}/#/experiments/{experiment_id}/runs?{query}"
 
 
