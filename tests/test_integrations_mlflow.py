@@ -584,6 +584,20 @@ def test_run_aggregates_are_logged_at_close(backend: Backend, tmp_path: Path) ->
 
 
 
+def test_the_run_spans_the_training_not_the_publishers_drain(backend: Backend, tmp_path: Path) -> None:
+    """MLflow's duration is end_time - start_time: the run starts when training started and ends at
+    its last frame (1_700_000_003.0), not when the publisher had drained and attached the record."""
+    sink = backend.make()
+    pub = Publisher([JournalSink(tmp_path / "journal.jsonl"), sink], adapters=GRPO_ADAPTERS)
+    pub.start({}, started=1_699_999_999.5)
+    for frame in finite_hand_frames():  # wall times 1_700_000_001.0, .002.0, .003.0
+        pub.publish(frame)
+    pub.close()
+    reported(sink, pub)
+    info = MlflowClient(sink.tracking_uri).get_run(sink.run_id).info
+    assert (info.start_time, info.end_time) == (1_699_999_999_500, 1_700_000_003_000)  # 3.5 s of training
+
+
 @pytest.mark.parametrize("mode", ["inline", "process"])
 def test_a_label_absent_from_a_later_frame_leaves_no_stale_tag(backend: Backend, tmp_path: Path, mode: str) -> None:
     adapters = [*GRPO_ADAPTERS, "validation"]

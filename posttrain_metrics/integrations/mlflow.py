@@ -458,6 +458,7 @@ class MlflowSink:
         self._label_phase: dict[str, tuple[str, str]] = {}  # key -> (tag, phase of the frame that held it)
         self._summary: RunSummary | None = None
         self._last_step = 0
+        self._last_wall = 0.0  # wall time of the latest frame: the run's end time in MLflow
         self._closed = False
         self._batched = False
         self._param_limit = self._tag_limit = 0
@@ -663,6 +664,8 @@ class MlflowSink:
         if self._summary is not None:
             self._summary.add(frame)
         self._last_step = max(self._last_step, frame.step)
+        if frame.wall_time > 0 and math.isfinite(frame.wall_time):
+            self._last_wall = max(self._last_wall, frame.wall_time)
         self._reap()
         if metrics or tags:
             self._queue(_Batch([frame.step], metrics, tags))
@@ -724,7 +727,10 @@ class MlflowSink:
             for tag in [k for k, v in self._labels.items() if not v]:  # no label at the end: no tag
                 with contextlib.suppress(Exception):  # already gone: nothing stale is left either way
                     self._client.delete_tag(self.run_id, tag)
-        self._client.set_terminated(self.run_id, status=status)
+        # the run ends when training did (its last frame), not when the publisher finished draining
+        # and attaching the record, seconds later: MLflow's duration is then the training span
+        end = int(self._last_wall * 1000) if self._last_wall > 0 else None
+        self._client.set_terminated(self.run_id, status=status, end_time=end)
 
     def _queue_aggregates(self) -> None:
         """The run aggregates (:class:`~posttrain_metrics.core.summary.RunSummary`) as ``run/<key>``
