@@ -99,6 +99,7 @@ __all__ = [
     "Chart",
     "TensorBoardSink",
     "dashboard_layout",
+    "samples_markdown",
     "written_layout",
 ]
 
@@ -354,6 +355,44 @@ def _config_table(run: RunInfo) -> str:
     lines = [f"run `{run.name}` ({run.run_id}), adapters: {', '.join(run.adapters)}", "",
              "| key | value |", "|---|---|"]
     lines += [f"| {cell(k)} | {cell(v)} |" for k, v in run.config.items()]
+    return "\n".join(lines)
+
+
+WIDE_CELL = 120
+"""Characters beyond which a column's text leaves the samples table (see :func:`samples_markdown`)."""
+_MARKDOWN_SPECIALS = re.compile(r"([\\`*_\[\]#|])")
+
+
+def _paragraph(value: object) -> str:
+    """Model text as one Markdown paragraph shown as written (``<think>`` included): Markdown's
+    specials backslash-escaped, HTML's as entities (Markdown has no escape for ``<``), lines kept."""
+    text = "" if value is None else str(value)
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return _MARKDOWN_SPECIALS.sub(r"\\\1", text).replace("\n", "<br>")
+
+
+def samples_markdown(samples: Any) -> str:
+    """A step's samples for TensorBoard's text tab. A table sizes each column to its longest cell,
+    so one 2,000-character completion squeezed the other columns to a letter a line: a column with
+    a cell longer than :data:`WIDE_CELL` leaves the table, which numbers its rows (``#``), and is
+    written under the table row by row. Short text keeps the plain table (``Samples.markdown``)."""
+    wide = [c for c in samples.columns
+            if any(len("" if r.get(c) is None else str(r.get(c))) > WIDE_CELL for r in samples.rows)]
+    if not wide:
+        return str(samples.markdown())
+    narrow = [c for c in samples.columns if c not in wide]
+
+    def cell(value: object) -> str:
+        return ("" if value is None else str(value)).replace("\\", "\\\\").replace("|", "\\|").replace("\n", "<br>")
+
+    lines = [f"step {samples.step}: {len(samples.rows)} of {samples.offered} rows "
+             f"({', '.join(wide)}: below the table)", "",
+             "| # | " + " | ".join(cell(c) for c in narrow) + " |", "|" + "---|" * (len(narrow) + 1)]
+    lines += [f"| {i} | " + " | ".join(cell(row.get(c)) for c in narrow) + " |"
+              for i, row in enumerate(samples.rows, 1)]
+    for i, row in enumerate(samples.rows, 1):
+        for column in wide:
+            lines += ["", f"**#{i} {_paragraph(column)}**", "", _paragraph(row.get(column))]
     return "\n".join(lines)
 
 
@@ -714,7 +753,8 @@ class TensorBoardSink:
             return
         values = []
         if samples.rows:
-            values.append(self._text_value("samples/completions", samples.markdown(), "Sample completions of the step"))
+            values.append(self._text_value("samples/completions", samples_markdown(samples),
+                                           "Sample completions of the step"))
         summary = self._tb.summary_pb2
         for column, h in samples.histograms.items():
             histo = summary.HistogramProto(min=h.edges[0], max=h.edges[-1], num=h.num, sum=h.sum,
