@@ -350,6 +350,12 @@ def test_layout_groups_headline_keys_and_families_and_charts_every_key(tmp_path)
                 "train/kl_mean", "train/kl_max", "optim/update_outcome/skipped"):
         assert charted(headline, key), key
     assert not charted(headline, "train/clip_frac")
+    # each outcome label its own chart, titled with it: one multiline chart drew them all in one colour
+    outcome = [c for c in headline.chart if "update_outcome" in c.title]
+    assert [c.title for c in outcome] == [f"optim/update_outcome = {label} (1 at its steps)"
+                                          for label in ("accumulating", "applied", "skipped", "discarded")]
+    assert [list(c.multiline.tag) for c in outcome] == [[f"^(?:optim/update_outcome/{label})$"]
+                                                        for label in ("accumulating", "applied", "skipped", "discarded")]
     expected = {
         "GRPO logprob gap": ["train/logprob_gap_mean", "train/logprob_gap_token_count"],
         "GRPO KL": ["train/kl_mean", "train/kl_max", "train/kl_beta"],

@@ -174,17 +174,19 @@ class _Unit:
         ns = self.metric.namespace
         return ns if ns is not None and ns not in PHASES else None
 
-    def chart(self) -> Chart:
+    def charts(self) -> tuple[Chart, ...]:
+        """One chart; a categorical key's labels one chart each: in one multiline chart the custom-
+        scalars tab draws every label of a run in the run's colour, 0/1 lines on top of each other,
+        and only the tooltip tells which label a line is."""
         keys = [i.key for i in self.infos]
         if self.bands:
-            return Chart(f"{self._title(keys)} (mean, min to max)", bands=tuple(self.bands))
+            return (Chart(f"{self._title(keys)} (mean, min to max)", bands=tuple(self.bands)),)
         alternatives = "|".join(re.escape(k) for k in keys)
-        labels = self.metric.labels
-        if labels:
-            pattern = f"^(?:{alternatives})/(?:{'|'.join(re.escape(lab) for lab in labels)})$"
-            return Chart(f"{self._title(keys)} (1 = label of the step)", tags=(pattern,),
-                         keys=tuple(f"{k}/{lab}" for k in keys for lab in labels))
-        return Chart(self._title(keys), tags=(f"^(?:{alternatives})$",), keys=tuple(keys))
+        if self.metric.labels:
+            return tuple(Chart(f"{self._title(keys)} = {label} (1 at its steps)",
+                               tags=(f"^(?:{alternatives})/{re.escape(label)}$",),
+                               keys=tuple(f"{k}/{label}" for k in keys)) for label in self.metric.labels)
+        return (Chart(self._title(keys), tags=(f"^(?:{alternatives})$",), keys=tuple(keys)),)
 
     def _title(self, keys: list[str]) -> str:
         if len(keys) == 1:
@@ -289,7 +291,7 @@ def dashboard_layout(keys: Mapping[str, KeyInfo], adapters: Sequence[str]) -> li
     """
     units = _units(keys)
     out: list[Category] = []
-    headline = [u.chart() for u in units if any(i.metric.headline for i in u.infos)]
+    headline = [c for u in units if any(i.metric.headline for i in u.infos) for c in u.charts()]
     if headline:
         lead = _adapter_title(adapters[0]) if adapters else "run"
         out.append(Category(f"{lead} headline", tuple(headline), closed=False))
@@ -297,7 +299,7 @@ def dashboard_layout(keys: Mapping[str, KeyInfo], adapters: Sequence[str]) -> li
     charts: dict[str, list[Chart]] = {}
     shared: dict[str, list[Chart]] = {}  # fixed namespaces (optim, timer) span adapters: last
     for unit, title in zip(topical, _topics(topical, keys)):
-        (shared if unit.fixed_namespace else charts).setdefault(title, []).append(unit.chart())
+        (shared if unit.fixed_namespace else charts).setdefault(title, []).extend(unit.charts())
     out.extend(Category(title, tuple(group)) for title, group in {**charts, **shared}.items())
     return out
 
