@@ -20,12 +20,15 @@ grow with the run's length.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import os
 import sys
 import time
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar, Union
+from typing import TextIO, TypeVar, Union
 
 from .core.errors import MetricsError
 from .core.redact import redact_text
@@ -35,7 +38,7 @@ from .integrations.mlflow import mlflow_run
 from .journal import Journal, JournalOnDisk, Record
 from .publication.follower import STATUSES, Replica
 
-__all__ = ["export"]
+__all__ = ["export", "log_path"]
 
 _T = TypeVar("_T")
 AnyJournal = Union[Journal, JournalOnDisk]
@@ -45,6 +48,8 @@ pass (:func:`~posttrain_metrics.journal.open_journal`)."""
 
 # -- the command ------------------------------------------------------------------------------------
 
+_VENDORS = frozenset({"mlflow", "wandb", "tensorboard", "sqlalchemy", "alembic", "google", "pydantic"})
+"""Packages whose warnings go to the export's log with their other output."""
 _MLFLOW_SCHEMES = ("http", "https", "sqlite", "postgresql", "mysql", "mssql", "databricks")
 
 
@@ -138,6 +143,66 @@ def _target(journal: AnyJournal, to: str, target: str | None, *, project: str | 
     raise MetricsError(f"export --to {to!r}; fix: use tensorboard, mlflow or wandb")
 
 
+def log_path(journal: Path) -> Path:
+    """Where ``export --to mlflow|wandb`` sends the trackers' own output: ``export.log`` beside the journal."""
+    return journal.with_name("export.log")
+
+
+def _ours(stream: TextIO, fd: int) -> TextIO | None:
+    """A stream on a duplicate of ``fd`` when ``stream`` writes to it (a terminal, a pipe); ``None`` when
+    ``stream`` is held in Python (a test's capture): there is then no descriptor to move."""
+    try:
+        real = stream.fileno() == fd
+    except (AttributeError, OSError, ValueError):
+        return None
+    return os.fdopen(os.dup(fd), "w", buffering=1) if real else None
+
+
+@contextlib.contextmanager
+def _trackers_quiet(log: Path) -> Iterator[tuple[TextIO, TextIO]]:
+    """The trackers' banners and INFO logs (W&B's ``wandb:`` lines and its service process, MLflow's
+    schema creation) go to ``log``, as a live run's go to ``publisher.log``; the two streams yielded
+    are the terminal's, for our own progress line and summary. Descriptors 1 and 2 are moved, not
+    ``sys.stdout``: the vendors hold their own references to the streams and start child processes."""
+    out, err = _ours(sys.stdout, 1), _ours(sys.stderr, 2)
+    if out is None or err is None:
+        for stream in (out, err):
+            if stream is not None:
+                stream.close()
+        yield sys.stdout, sys.stderr
+        return
+    saved = (os.dup(1), os.dup(2))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with open(log, "ab") as sink:
+        os.dup2(sink.fileno(), 1)
+        os.dup2(sink.fileno(), 2)
+    shown = warnings.showwarning
+
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+             file: TextIO | None = None, line: str | None = None) -> None:
+        """Our warnings (a value a tracker cannot hold...) stay on the terminal; the vendors' go to the
+        log. Ours are attributed to the caller's frame (``stacklevel``), so a warning is told by the
+        vendor file it comes from, not by ours."""
+        vendor = not _VENDORS.isdisjoint(Path(filename).parts)
+        shown(message, category, filename, lineno, err if not vendor and file is None else file, line)
+
+    warnings.showwarning = show
+    try:
+        print(f"tracker logs (W&B, MLflow output): {log}", file=out)
+        yield out, err
+    finally:
+        warnings.showwarning = shown
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in saved:
+            os.close(fd)
+        out.close()
+        err.close()
+
+
 def export(journal: AnyJournal, to: str, target: str | None = None, *, quiet: bool = False, batch: int = 512,
            project: str | None = None, entity: str | None = None) -> int:
     """Replay ``journal`` into ``to`` (``tensorboard``, ``mlflow`` or ``wandb``); 0 on success.
@@ -148,7 +213,18 @@ def export(journal: AnyJournal, to: str, target: str | None = None, *, quiet: bo
 
     The run's status in the tracker is the journal's: ``finished``, ``failed``, or ``killed`` when
     the journal has no end record (the run never closed), as ``posttrain-metrics doctor`` reports it.
+    MLflow's and W&B's own output goes to :func:`log_path`, as quiet as a live run.
     """
+    if to in ("mlflow", "wandb"):
+        with _trackers_quiet(log_path(Path(journal.path))) as (out, err):
+            return _replay(journal, to, target, quiet=quiet, batch=batch, project=project, entity=entity,
+                           out=out, err=err)
+    return _replay(journal, to, target, quiet=quiet, batch=batch, project=project, entity=entity,
+                   out=sys.stdout, err=sys.stderr)
+
+
+def _replay(journal: AnyJournal, to: str, target: str | None, *, quiet: bool, batch: int, project: str | None,
+            entity: str | None, out: TextIO, err: TextIO) -> int:
     if (project is not None or entity is not None) and to != "wandb":
         raise MetricsError(f"export --to {to}: --project and --entity are W&B's; fix: drop them, or use --to wandb")
     sink, where = _target(journal, to, target, project=project, entity=entity)
@@ -156,7 +232,7 @@ def export(journal: AnyJournal, to: str, target: str | None = None, *, quiet: bo
     replica = Replica(journal.path, sink, lazy=True)  # the sink starts at the first frame it lacks
     _ask(where, lambda: replica.feed([Record("header", header=journal.header)]))  # reads the target back
     total = len(journal.frames)
-    progress = _Progress(total, f"export -> {to}", quiet=quiet)
+    progress = _Progress(total, f"export -> {to}", quiet=quiet, stream=err)
     status = str(journal.end.get("status", "finished")) if journal.end is not None else "killed"
     frames = iter(journal.frames)  # one pass, a batch at a time (read from the file when opened)
     try:
@@ -173,7 +249,7 @@ def export(journal: AnyJournal, to: str, target: str | None = None, *, quiet: bo
             replica.close(status if status in STATUSES else "finished")
         progress.done()
     if replica.written == 0:
-        print(f"nothing to export: all {total} frames of run {journal.run_id} are already in {where}")
+        print(f"nothing to export: all {total} frames of run {journal.run_id} are already in {where}", file=out)
         return 0
     pub = replica.publisher
     failures = pub.failures if pub is not None else {}
@@ -185,15 +261,15 @@ def export(journal: AnyJournal, to: str, target: str | None = None, *, quiet: bo
         )
     tables = f", {replica.samples_written} steps of sample completions" if replica.samples_written else ""
     print(f"exported {replica.written} of {total} frames of run {journal.run_id} to {where} "
-          f"({replica.skipped} were already there; run {status}{tables})")
+          f"({replica.skipped} were already there; run {status}{tables})", file=out)
     return 0
 
 
 class _Progress:
     """A progress line on stderr, redrawn at most twice a second (no dependency)."""
 
-    def __init__(self, total: int, label: str, *, quiet: bool) -> None:
-        self.total, self.label, self.quiet = total, label, quiet or not sys.stderr.isatty()
+    def __init__(self, total: int, label: str, *, quiet: bool, stream: TextIO) -> None:
+        self.total, self.label, self.quiet, self.stream = total, label, quiet or not stream.isatty(), stream
         self.count, self.started, self.shown = 0, time.monotonic(), 0.0
 
     def tick(self, n: int = 1) -> None:
@@ -202,10 +278,10 @@ class _Progress:
         if not self.quiet and now - self.shown > 0.5:
             self.shown = now
             rate = self.count / max(now - self.started, 1e-9)
-            sys.stderr.write(f"\r{self.label}: {self.count}/{self.total} frames "
-                             f"({100 * self.count / self.total:.0f}%, {rate:.0f}/s)")
-            sys.stderr.flush()
+            self.stream.write(f"\r{self.label}: {self.count}/{self.total} frames "
+                              f"({100 * self.count / self.total:.0f}%, {rate:.0f}/s)")
+            self.stream.flush()
 
     def done(self) -> None:
         if not self.quiet and self.shown:
-            sys.stderr.write("\n")
+            self.stream.write("\n")

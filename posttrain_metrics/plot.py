@@ -49,8 +49,10 @@ class Panel:
 
     ``right`` leaves go on a second y axis (another unit). ``log`` asks for a log y axis, used when
     every value is positive and they span more than :data:`LOG_SPAN` (KL mean vs max). ``band`` is
-    ``(mean_leaf, std_leaf)`` drawn as mean +- std. A panel whose ``gate`` key is present but never
-    positive is left out (score centering off). ``hline`` is a reference level (DPO chance).
+    ``(mean_leaf, std_leaf)`` drawn as mean +- std, kept at each step within ``band_within``
+    ``(min_leaf, max_leaf)`` where those are logged: a 0/1 reward's mean +- std runs past 0 and 1,
+    values no sample had. A panel whose ``gate`` key is present but never positive is left out
+    (score centering off). ``hline`` is a reference level (DPO chance).
     """
 
     title: str
@@ -58,13 +60,15 @@ class Panel:
     right: tuple[str, ...] = ()
     log: bool = False
     band: tuple[str, str] | None = None
+    band_within: tuple[str, str] | None = None
     gate: str | None = None
     hline: float | None = None
     budget_line: bool = False
 
 
 PANELS: tuple[Panel, ...] = (
-    Panel("Reward", ("reward_mean", "reward_avg", "reward_min", "reward_max"), band=("reward_mean", "reward_std")),
+    Panel("Reward", ("reward_mean", "reward_avg", "reward_min", "reward_max"), band=("reward_mean", "reward_std"),
+          band_within=("reward_min", "reward_max")),
     Panel("Groups (GRPO)", ("grpo_group_count", "grpo_informative_group_count", "grpo_all_zero_group_count",
                             "grpo_all_one_group_count")),
     Panel("Loss", ("loss_avg", "policy_total_loss", "policy_loss", "value_loss", "critic_loss")),
@@ -472,7 +476,7 @@ def dashboard(journal: JournalLike, findings: Sequence[Finding], output_path: st
     if marked:
         heights.append(0.55 + 0.28 * len(marked))
     heights.append(0.3 + 0.19 * len(text_lines))
-    fig: Figure = figure_cls(figsize=(15, sum(heights) + 0.6), layout="constrained")
+    fig: Figure = figure_cls(figsize=(PAGE_WIDTH, sum(heights) + 0.6), layout="constrained")
     canvas_cls(fig)
     grid = fig.add_gridspec(len(heights), columns, height_ratios=heights)
 
@@ -560,8 +564,11 @@ def _draw_panel(
             if std_key in stds:
                 std = dict(data.numeric.get(std_key, []))
                 pts = [(s, m, std[s]) for s, m in data.numeric.get(mean_key, []) if s in std]
+                low, high = _band_limits(panel, mean_key, data)
                 if pts:
-                    ax.fill_between([p[0] for p in pts], [p[1] - p[2] for p in pts], [p[1] + p[2] for p in pts],
+                    ax.fill_between([p[0] for p in pts],
+                                    [max(p[1] - p[2], low.get(p[0], -math.inf)) for p in pts],
+                                    [min(p[1] + p[2], high.get(p[0], math.inf)) for p in pts],
                                     alpha=0.15, color="#1f77b4", linewidth=0, label=f"{_short(mean_key)} ± std")
     for key in keys:
         _line(ax, key, data, heads)
@@ -592,6 +599,16 @@ def _draw_panel(
     if ax.get_yscale() == "linear":  # plain tick labels: an offset text would sit on the legend
         ax.yaxis.set_major_formatter(_formatter())
     ax.tick_params(labelsize=8)
+
+
+def _band_limits(panel: Panel, mean_key: str, data: _Data) -> tuple[dict[int, float], dict[int, float]]:
+    """The band's floor and ceiling by step: the same family's logged minimum and maximum (a step
+    without them is not limited)."""
+    if panel.band_within is None:
+        return {}, {}
+    prefix = mean_key.rsplit("/", 1)[0]
+    low, high = (dict(data.numeric.get(f"{prefix}/{leaf}", [])) for leaf in panel.band_within)
+    return low, high
 
 
 def _line(ax: Axes, key: str, data: _Data, heads: Mapping[str, str], *, colour: str | None = None,
@@ -693,6 +710,17 @@ def _draw_findings_strip(ax: Axes, findings: Sequence[Finding]) -> None:
     ax.tick_params(axis="x", labelsize=8)
 
 
+PAGE_WIDTH = 15.0
+"""The dashboard's width in inches."""
+FINDING_FONT = 8.5
+# a monospace character is 0.6 em wide (DejaVu Sans Mono: 1233/2048): the line, indent included,
+# fits 96% of the page from its 1% margin
+FINDING_CHARS = int(0.96 * PAGE_WIDTH * 72 / (0.6021 * FINDING_FONT)) - 6
+"""Characters of a finding's line in the dashboard (its continuation lines are indented by 6)."""
+FINDING_LINES = 4
+"""Lines of one finding at most (the doctor's report has the rest)."""
+
+
 def _finding_lines(findings: Sequence[Finding]) -> list[tuple[str, Severity | None]]:
     if not findings:
         return [("doctor: no findings, every check passed", None)]
@@ -700,17 +728,22 @@ def _finding_lines(findings: Sequence[Finding]) -> list[tuple[str, Severity | No
     for finding in findings:
         where = f" (steps {step_ranges(finding.steps, limit=6)})" if finding.steps else ""
         text = f"{finding.severity.value.upper()} {finding.check}{where}: {finding.explanation}"
-        wrapped = textwrap.wrap(text, width=175, max_lines=2, placeholder=" ...")
+        wrapped = textwrap.wrap(text, width=FINDING_CHARS, max_lines=FINDING_LINES, placeholder=" ...")
         lines.extend((line if i == 0 else "      " + line, finding.severity) for i, line in enumerate(wrapped))
     return lines
 
 
 def _draw_findings_text(ax: Axes, lines: list[tuple[str, Severity | None]]) -> None:
+    """From the page's left edge, not the axes' (which starts where the panels' tick labels end):
+    :data:`FINDING_CHARS` monospace characters then fit the page's width."""
+    from matplotlib.transforms import blended_transform_factory
+
     ax.set_axis_off()
     n = len(lines)
+    where = blended_transform_factory(ax.figure.transFigure, ax.transAxes)
     for i, (line, severity) in enumerate(lines):
         colour = SEVERITY_COLOURS[severity] if severity is not None else "#2ca02c"
-        ax.text(0.0, 1.0 - (i + 0.5) / n, line, transform=ax.transAxes, fontsize=8.5, va="center",
+        ax.text(0.01, 1.0 - (i + 0.5) / n, line, transform=where, fontsize=FINDING_FONT, va="center",
                 family="monospace", color="#222222" if line.startswith(" ") else colour)
 
 

@@ -5,8 +5,8 @@
 Needs Chromium (Debian: `apt-get install chromium`) and `pip install playwright` (its Python driver
 only: the browser is the system's). It starts a real TensorBoard and a real MLflow UI on
 127.0.0.1 over the run's own files, opens each in headless Chromium at the page a user lands on
-(no search box typed into), and writes docs/img/tensorboard.png, docs/img/mlflow_overview.png and
-docs/img/mlflow.png. Paths are given relative to the run's parent folder, so no path of the capture
+(the links the demo prints; no search box typed into), and writes docs/img/tensorboard.png,
+docs/img/mlflow_overview.png and docs/img/mlflow.png. Paths are given relative to the run's parent folder, so no path of the capture
 machine shows in TensorBoard's runs pane.
 """
 
@@ -23,6 +23,8 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from posttrain_metrics.integrations.views import mlflow_link
 
 ROOT = Path(__file__).resolve().parent.parent
 IMG = ROOT / "docs" / "img"
@@ -98,16 +100,17 @@ def main() -> int:
         client = MlflowClient(f"sqlite:///{run / 'mlflow.db'}")
         experiment = client.get_experiment_by_name("posttrain-metrics-demo")
         assert experiment is not None, "no posttrain-metrics-demo experiment in the run's store"
-        [mlrun] = client.search_runs([experiment.experiment_id], max_results=1)
         # MLflow 3.17's UI picks an experiment's page by its global "GenAI / Model training" switch
         # (remembered per browser, GenAI at first), not by the experiment's kind tag: the link with
-        # workflowType=machine_learning is the one that opens the runs table (the README gives it).
-        page.goto(f"{ml}#/experiments/{experiment.experiment_id}?workflowType=machine_learning")
+        # workflowType=machine_learning is the one that opens the runs table, and viewStateShareKey
+        # its headline columns (the link the demo prints and the README gives).
+        page.goto(mlflow_link(ml, experiment.experiment_id))
         page.wait_for_timeout(8000)
         close_assistant(page)
         page.screenshot(path=str(IMG / "mlflow_overview.png"))
-        page.goto(f"{ml}#/experiments/{experiment.experiment_id}/runs/{mlrun.info.run_id}/model-metrics"
-                  "?workflowType=machine_learning")
+        # its chart view, on the headline section of the same shared view (the run page's own
+        # model-metrics tab opens on "optim" and keeps its layout in the browser only)
+        page.goto(mlflow_link(ml, experiment.experiment_id, charts=True))
         page.wait_for_timeout(8000)
         close_assistant(page)
         page.screenshot(path=str(IMG / "mlflow.png"))

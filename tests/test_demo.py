@@ -8,13 +8,14 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _runs import tensorboard_run
 
 from posttrain_metrics import get_adapter
 from posttrain_metrics.core.keys import describe, headline_keys
-from posttrain_metrics.demo.grpo_toy import NullHooks, ToyConfig, run_distributed
+from posttrain_metrics.demo.grpo_toy import NullHooks, ToyConfig, completion_rows, run_distributed
 from posttrain_metrics.demo.main import DEMO_ADAPTERS
 from posttrain_metrics.integrations.wandb_reader import read_offline_run
 from posttrain_metrics.journal import read_journal
@@ -119,6 +120,21 @@ def test_demo_console_shows_our_lines_and_the_trackers_chatter_goes_to_the_log(d
         assert "SKIPPED" not in line
 
 
+def test_demo_summary_prints_the_links_that_open_each_tracker_on_the_headline_keys(demo_run: Path) -> None:
+    """TensorBoard's custom-scalars tab (its headline group first) and MLflow's runs table with the
+    headline columns (the experiment's shared view; its id is the one the run went to)."""
+    from mlflow import MlflowClient
+
+    stdout = OUTPUT["stdout"]
+    assert "then open http://localhost:6006/#custom_scalars" in stdout
+    experiment = MlflowClient(f"sqlite:///{demo_run / 'mlflow.db'}").get_experiment_by_name("posttrain-metrics-demo")
+    assert experiment is not None
+    link = (f"http://127.0.0.1:5000/#/experiments/{experiment.experiment_id}/runs"
+            "?workflowType=machine_learning&viewStateShareKey=posttrain-metrics")
+    assert f"runs table: {link}\n" in stdout and f"charts:     {link}&compareRunsMode=CHART\n" in stdout
+    assert "mlflow.sharedViewState.posttrain-metrics" in experiment.tags
+
+
 def test_demo_reward_rises_over_a_seeded_run() -> None:
     """80 steps on 2 ranks, seed 0: the mean reward of the last tenth of the steps far above the first."""
     summaries = run_distributed(ToyConfig(steps=80, seed=0), _null_hooks, ranks=2)
@@ -131,6 +147,30 @@ def test_demo_reward_rises_over_a_seeded_run() -> None:
 
 def _null_hooks(rank: int, world_size: int) -> NullHooks:
     return NullHooks()
+
+
+def test_demo_rows_name_their_group_and_flag_a_completion_cut_by_the_token_budget() -> None:
+    """Two prompts of two samples on rank 1: the group is a name (``0.2`` reads as a number in the
+    trackers), and ``truncated`` says which completion ran out of tokens (no end token)."""
+    import types
+
+    import torch
+
+    config = ToyConfig(group_size=2)
+    eos = config.eos
+    rollout = types.SimpleNamespace(
+        targets=torch.tensor([3, 3, 7, 7]),
+        tokens=torch.tensor([[3, eos, 0, 0], [1, 2, eos, 0], [1, 2, 3, 4], [7, eos, 0, 0]]),
+        mask=torch.tensor([[1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 0, 0]], dtype=torch.bool),
+        truncated=torch.tensor([False, False, True, False]),
+        rewards=torch.tensor([1.0, 1.0, 0.0, 1.0]),
+    )
+    batch: Any = types.SimpleNamespace(rollout=rollout, advantages=torch.tensor([0.0, 0.0, -0.70711, 0.70711]))
+    rows = completion_rows(batch, config, rank=1)
+    assert [(r["group"], r["completion"], r["response_len"], r["truncated"]) for r in rows] == [
+        ("r1-g0", "3 [eos]", 2, ""), ("r1-g0", "1 2 [eos]", 3, ""),
+        ("r1-g1", "1 2 3 4", 4, "token budget"), ("r1-g1", "7 [eos]", 2, ""),
+    ]
 
 
 def test_demo_publishes_a_completions_table_in_every_tracker(demo_run: Path) -> None:
@@ -147,11 +187,11 @@ def test_demo_publishes_a_completions_table_in_every_tracker(demo_run: Path) -> 
     for s in samples:
         groups = [row["group"] for row in s.rows]
         assert 0 < len(s.rows) <= 16 and all(groups.count(g) == group_size for g in set(groups))  # whole groups
-        assert {g.split(".")[0] for g in groups} <= {"0", "1"} and s.offered == 2 * ToyConfig().prompts_per_rank * group_size
-        assert s.columns == ["group", "prompt", "completion", "reward", "advantage", "response_len", "[cut]"]
+        assert {g.split("-")[0] for g in groups} <= {"r0", "r1"} and s.offered == 2 * ToyConfig().prompts_per_rank * group_size
+        assert s.columns[:7] == ["group", "prompt", "completion", "reward", "advantage", "response_len", "truncated"]
         assert sorted(s.histograms) == ["advantage", "response_len", "reward"]
         assert all(h.num == s.offered for h in s.histograms.values())  # every row of both ranks, not the sample
-    assert {g.split(".")[0] for s in samples for g in (row["group"] for row in s.rows)} == {"0", "1"}  # both ranks
+    assert {g.split("-")[0] for s in samples for g in (row["group"] for row in s.rows)} == {"r0", "r1"}  # both ranks
 
     client = MlflowClient(tracking_uri=f"sqlite:///{demo_run}/mlflow.db")
     experiment = client.get_experiment_by_name("posttrain-metrics-demo")

@@ -160,6 +160,35 @@ def test_export_to_wandb_equals_live_and_is_idempotent(live: Path, tmp_path: Pat
     assert "nothing to export" in export(live / "journal.jsonl", "wandb", str(target), capsys=capsys)
 
 
+def test_export_to_mlflow_and_wandb_is_as_quiet_as_a_live_run(live: Path, tmp_path: Path) -> None:
+    """A user's terminal (real descriptors, hence a subprocess; the journal: 6 GRPO frames and a
+    non-finite one): MLflow's schema INFO lines and
+    W&B's ``wandb:`` banners go to ``export.log`` beside the journal; the terminal keeps our lines."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    journal = tmp_path / "journal.jsonl"
+    shutil.copy(live / "journal.jsonl", journal)
+    log = tmp_path / "export.log"
+    for to, target, where in (("mlflow", f"sqlite:///{tmp_path / 'x.db'}", f"sqlite:///{tmp_path / 'x.db'}"),
+                              ("wandb", str(tmp_path / "wb"), str(tmp_path / "wb" / "wandb"))):
+        env = {k: v for k, v in os.environ.items() if k != "WANDB_SILENT"}  # W&B's banners, as a user has them
+        result = subprocess.run([sys.executable, "-m", "posttrain_metrics.cli", "export", str(journal), "--to", to,
+                                 target], capture_output=True, text=True, timeout=240, env=env)
+        assert result.returncode == 0, result.stderr[-3000:]
+        # our own warning stays on the terminal: the +inf of step 7 that this tracker cannot hold
+        assert "wandb:" not in result.stderr and "INFO" not in result.stderr
+        if to == "mlflow":
+            assert "train/kl_max" in result.stderr and "cannot be stored faithfully" in result.stderr
+        assert result.stdout == (f"tracker logs (W&B, MLflow output): {log}\n"
+                                 f"exported 7 of 7 frames of run {RUN_ID} to {where} (0 were already there; "
+                                 "run finished)\n")
+    text = log.read_text()
+    assert "INFO mlflow.store.db.utils" in text and "wandb: " in text
+
+
 def test_export_to_wandb_takes_project_and_entity(live: Path, tmp_path: Path, capsys) -> None:
     import wandb
 

@@ -584,6 +584,20 @@ def test_run_aggregates_are_logged_at_close(backend: Backend, tmp_path: Path) ->
 
 
 
+def test_the_run_spans_the_training_not_the_publishers_drain(backend: Backend, tmp_path: Path) -> None:
+    """MLflow's duration is end_time - start_time: the run starts when training started and ends at
+    its last frame (1_700_000_003.0), not when the publisher had drained and attached the record."""
+    sink = backend.make()
+    pub = Publisher([JournalSink(tmp_path / "journal.jsonl"), sink], adapters=GRPO_ADAPTERS)
+    pub.start({}, started=1_699_999_999.5)
+    for frame in finite_hand_frames():  # wall times 1_700_000_001.0, .002.0, .003.0
+        pub.publish(frame)
+    pub.close()
+    reported(sink, pub)
+    info = MlflowClient(sink.tracking_uri).get_run(sink.run_id).info
+    assert (info.start_time, info.end_time) == (1_699_999_999_500, 1_700_000_003_000)  # 3.5 s of training
+
+
 @pytest.mark.parametrize("mode", ["inline", "process"])
 def test_a_label_absent_from_a_later_frame_leaves_no_stale_tag(backend: Backend, tmp_path: Path, mode: str) -> None:
     adapters = [*GRPO_ADAPTERS, "validation"]
@@ -613,6 +627,38 @@ def test_the_creating_user_and_the_experiment_kind_are_recorded(mlflow_server: s
         assert found is not None and run.info.experiment_id == found.experiment_id
         # MLflow 3's UI opens an experiment of this kind on its runs table with metric charts
         assert found.tags["mlflow.experimentKind"] == "custom_model_development"
+
+
+def test_the_printed_link_opens_the_runs_table_on_the_headline_columns(mlflow_server: str, tmp_path: Path) -> None:
+    """MLflow 3.17's runs table shows every metric column hidden; the experiment's shared view state
+    (tag ``mlflow.sharedViewState.<key>``, loaded by ``viewStateShareKey=<key>``) makes the headline
+    keys and their run aggregates visible, in that order (checked in headless Chromium too)."""
+    import json
+
+    from posttrain_metrics.integrations.views import mlflow_link
+
+    name = f"view-{uuid.uuid4().hex[:6]}"
+    publish(MlflowSink(tracking_uri=mlflow_server, experiment_name=name), grpo_run(steps=1), GRPO_ADAPTERS,
+            tmp_path / "journal.jsonl")
+    experiment = MlflowClient(mlflow_server).get_experiment_by_name(name)
+    assert experiment is not None
+    state = json.loads(experiment.tags["mlflow.sharedViewState.posttrain-metrics"])
+    # the GRPO run's numeric headline keys in declaration order, each with its run aggregate
+    headline = ["train/loss_avg", "train/kl_mean", "train/kl_max", "train/reward_mean",
+                "train/grpo_informative_group_count", "train/grad_norm"]
+    expected = ["attributes.`Source`"] + [f"metrics.`{p}{k}`" for k in headline for p in ("", "run/")]
+    assert state["selectedColumns"] == state["columnOrder"] == expected
+    # the chart view: one first section, one line chart over steps per headline key, in that order
+    assert [s["name"] for s in state["compareRunSections"]] == ["headline"] and state["isAccordionReordered"]
+    charts = state["compareRunCharts"]
+    assert [(c["metricKey"], c["type"], c["xAxisKey"]) for c in charts] == [(k, "LINE", "step") for k in headline]
+    assert {c["metricSectionId"] for c in charts} == {state["compareRunSections"][0]["uuid"]}
+    assert mlflow_link(mlflow_server, experiment.experiment_id) == (
+        f"{mlflow_server}/#/experiments/{experiment.experiment_id}/runs"
+        "?workflowType=machine_learning&viewStateShareKey=posttrain-metrics")
+    assert mlflow_link(mlflow_server, "7", charts=True).endswith("viewStateShareKey=posttrain-metrics&compareRunsMode=CHART")
+    assert mlflow_link("sqlite:////x/mlflow.db", "7") == (
+        "http://127.0.0.1:5000/#/experiments/7/runs?workflowType=machine_learning&viewStateShareKey=posttrain-metrics")
 
 
 def test_experiment_name_and_its_older_alias(tmp_path: Path) -> None:

@@ -39,6 +39,7 @@ from posttrain_metrics.integrations.tensorboard import (
     INSTALL,
     TensorBoardSink,
     dashboard_layout,
+    samples_markdown,
 )
 from posttrain_metrics.journal import JournalSink, read_journal
 from posttrain_metrics.publication import Publisher
@@ -349,6 +350,12 @@ def test_layout_groups_headline_keys_and_families_and_charts_every_key(tmp_path)
                 "train/kl_mean", "train/kl_max", "optim/update_outcome/skipped"):
         assert charted(headline, key), key
     assert not charted(headline, "train/clip_frac")
+    # each outcome label its own chart, titled with it: one multiline chart drew them all in one colour
+    outcome = [c for c in headline.chart if "update_outcome" in c.title]
+    assert [c.title for c in outcome] == [f"optim/update_outcome = {label} (1 at its steps)"
+                                          for label in ("accumulating", "applied", "skipped", "discarded")]
+    assert [list(c.multiline.tag) for c in outcome] == [[f"^(?:optim/update_outcome/{label})$"]
+                                                        for label in ("accumulating", "applied", "skipped", "discarded")]
     expected = {
         "GRPO logprob gap": ["train/logprob_gap_mean", "train/logprob_gap_token_count"],
         "GRPO KL": ["train/kl_mean", "train/kl_max", "train/kl_beta"],
@@ -861,3 +868,36 @@ def test_a_full_disk_that_clears_leaves_each_step_once_in_the_event_file(tmp_pat
         points = [(e.step, e.value) for e in events.Scalars(tag)]
         assert [s for s, _ in points] == list(range(1, 41)), tag
         assert [v for _, v in points] == pytest.approx([s * scale for s in range(1, 41)], rel=1e-6)
+
+
+def test_a_long_completion_leaves_the_samples_table_so_the_other_columns_stay_readable(tmp_path):
+    """TensorBoard's text tab sizes a table's columns to their longest cell: a 2,000-character
+    completion squeezed the group and reward columns to a letter a line. A column with a cell over
+    WIDE_CELL characters is written under a numbered table instead, whole, as written."""
+    from posttrain_metrics.core.samples import Samples
+    from posttrain_metrics.integrations import RunInfo
+
+    long = "think " * 333 + "<b>|*_#"  # 1,998 + 7 characters: Markdown and HTML specials at the end
+    samples = Samples(step=3, rows=[{"group": "r0-g1", "completion": long, "reward": 1.0},
+                                    {"group": "r0-g1", "completion": "short\nanswer", "reward": 0.0}],
+                      columns=["group", "completion", "reward"], offered=8, wall_time=1_700_000_003.0)
+    sink = TensorBoardSink(log_dir=tmp_path / "tb")
+    sink.start(RunInfo(run_id="longtext", name="t", config={}, keys=describe([get_adapter("grpo")]),
+                       adapters=("grpo",), started=1_700_000_000.0))
+    sink.write_samples(samples)
+    sink.close()
+    [text] = [e.tensor_proto.string_val[0].decode() for e in load(tmp_path / "tb").Tensors("samples/completions")]
+    assert text == "\n".join([
+        "step 3: 2 of 8 rows (completion: below the table)", "",
+        "| # | group | reward |", "|---|---|---|",
+        "| 1 | r0-g1 | 1.0 |",
+        "| 2 | r0-g1 | 0.0 |", "",
+        "**#1 completion**", "",
+        "think " * 333 + "&lt;b&gt;\\|\\*\\_\\#", "",
+        "**#2 completion**", "",
+        "short<br>answer",
+    ])
+    short = Samples(step=4, rows=[{"group": "g", "completion": "ok", "reward": 1.0}], columns=["group", "completion", "reward"],
+                    offered=1)
+    assert samples_markdown(short) == short.markdown()  # short text keeps the plain table
+

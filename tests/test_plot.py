@@ -423,3 +423,41 @@ def test_a_step_written_twice_is_drawn_once_with_its_last_value(steps):
         assert data.numeric["train/k01"] == sorted(written.items()) and written[40] == 0.25
     assert [label for step, label in data.labels["optim/update_outcome"] if step == 40] == ["discarded"]
     assert data.first_step == 1 and data.last_step == steps
+
+
+def _short_journal(path: Path, rows: list[dict[str, float]]) -> Journal:
+    header = {"format": "posttrain-metrics-journal", "version": 1, "kind": "header", "run_id": "short01",
+              "name": "short", "created": 1.7e9, "adapters": list(GRPO_ADAPTERS), "config": {}}
+    frames = [Frame(step, metrics, "train", 1.7e9 + step) for step, metrics in enumerate(rows, 1)]
+    return Journal(path, header, frames, {"kind": "end", "status": "finished"}, [])
+
+
+def test_the_reward_band_stays_within_the_rewards_logged_range(tmp_path, monkeypatch):
+    # a 0/1 reward: mean 0.5, std 0.7 would draw a band from -0.2 to 1.2, values no sample had;
+    # at step 3 the logged range is 0.25..0.75 (mean 0.5 +- 0.1 fits inside it: kept as is)
+    rows = [{"train/reward_mean": 0.5, "train/reward_std": 0.7, "train/reward_min": 0.0, "train/reward_max": 1.0},
+            {"train/reward_mean": 0.5, "train/reward_std": 0.7, "train/reward_min": 0.0, "train/reward_max": 1.0},
+            {"train/reward_mean": 0.5, "train/reward_std": 0.1, "train/reward_min": 0.25, "train/reward_max": 0.75}]
+    saved = drawn_figure(monkeypatch)
+    assert dashboard(_short_journal(tmp_path / "j.jsonl", rows), [], tmp_path / "band.png").is_file()
+    [figure] = saved
+    [reward] = [ax for ax in figure.axes if ax.get_title(loc="left") == "Reward"]
+    [band] = reward.collections
+    vertices = {(round(float(x)), round(float(y), 9)) for x, y in band.get_paths()[0].vertices}
+    assert {(1, 0.0), (1, 1.0), (2, 0.0), (2, 1.0), (3, 0.4), (3, 0.6)} <= vertices
+    assert all(0.0 <= y <= 1.0 for _, y in vertices)
+
+
+def test_a_long_finding_is_written_whole_within_the_page(tmp_path, monkeypatch):
+    explanation = " ".join(f"word{i:03d}" for i in range(80))  # 639 characters
+    finding = Finding("long_check", Severity.WARNING, (), explanation, "read it")
+    rows = [{"train/reward_mean": 0.5, "train/grad_norm": 1.0}] * 3
+    saved = drawn_figure(monkeypatch)
+    assert dashboard(_short_journal(tmp_path / "j.jsonl", rows), [finding], tmp_path / "long.png").is_file()
+    [figure] = saved
+    texts = [t for t in figure.axes[-1].texts]
+    assert " ".join(t.get_text().strip() for t in texts) == f"WARNING long_check: {explanation}"  # nothing cut
+    renderer = figure.canvas.get_renderer()
+    page = figure.bbox
+    assert all(page.x0 <= t.get_window_extent(renderer).x0 and t.get_window_extent(renderer).x1 <= page.x1
+               for t in texts)

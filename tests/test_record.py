@@ -30,7 +30,7 @@ def run(out: Path, mlflow: dict[str, Any], publisher: str) -> dict[str, dict[str
     )
     rng = random.Random(3)
     with cb:
-        cb.on_run_start({"rl": {"kl_beta": 0.04}, "hf_token": SECRET})
+        cb.on_run_start({"rl": {"kl_beta": 0.04, "betas": [0.9, 0.95], "ref_model": None}, "hf_token": SECRET})
         for step in range(1, 6):
             for c in range(2):
                 cb.on_chunk_end({**grpo_chunk(rng, step, last=c == 1), "my/oom_retries": 1})
@@ -59,7 +59,8 @@ def test_the_record_is_attached_to_mlflow_and_wandb_at_close(tmp_path: Path, mlf
     got = Path(client.download_artifacts(run_id, "posttrain_metrics", str(tmp_path / "dl")))
     assert (got / "journal.jsonl").read_bytes() == journal.read_bytes()
     config = json.loads((got / "config.json").read_text())
-    assert config["rl/kl_beta"] == 0.04 and config["hf_token"] == "***REDACTED***"
+    # the nested config W&B gets (a list stays a list, None stays null), not a flat one with "None"
+    assert config == {"rl": {"kl_beta": 0.04, "betas": [0.9, 0.95], "ref_model": None}, "hf_token": "***REDACTED***"}
     doctor = json.loads((got / "doctor.json").read_text())
     assert doctor["format"] == "posttrain-metrics-doctor" and doctor["run"]["id"] == f"record{publisher}"
     assert doctor["run"]["extra"] == {"my/oom_retries": "sum"}

@@ -652,19 +652,22 @@ def build_policy(config: ToyConfig) -> DigitPolicy:
 def completion_rows(batch: Batch, config: ToyConfig, rank: int) -> list[dict[str, Any]]:
     """One row per completion of this rank's batch, for ``on_samples``: the prompt (its target sum),
     the digits written (``[eos]`` when it stopped), the reward, the advantage, the response length in
-    tokens and the group."""
+    tokens, the group (a name, ``r<rank>-g<index>``: ``0.2`` read as a number in the trackers) and
+    ``truncated``: ``token budget`` for a completion cut by ``max_new_tokens`` (no end token, scored
+    0), empty otherwise."""
     rollout = batch.rollout
     rows = []
     for i in range(rollout.targets.shape[0]):
         digits = [int(t) for t, m in zip(rollout.tokens[i], rollout.mask[i]) if m and int(t) != config.eos]
         stopped = not bool(rollout.truncated[i])
         rows.append({
-            "group": f"{rank}.{i // config.group_size}",
+            "group": f"r{rank}-g{i // config.group_size}",
             "prompt": f"digits summing to {int(rollout.targets[i])}",
             "completion": " ".join([*map(str, digits), *(["[eos]"] if stopped else [])]),
             "reward": float(rollout.rewards[i]),
             "advantage": round(float(batch.advantages[i]), 4),
             "response_len": int(rollout.mask[i].sum()),
+            "truncated": "" if stopped else "token budget",
         })
     return rows
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import os
 import sys
 import time
@@ -18,11 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from ..callbacks.generic import MetricsCallback
+from ..integrations.views import mlflow_link
 from .grpo_toy import ToyConfig, run_distributed
 
 __all__ = ["DEMO_ADAPTERS", "demo_sinks", "make_callback", "run_demo"]
 
 DEMO_ADAPTERS = ("grpo", "reward", "trainer", "validation")
+TENSORBOARD_UI = "http://localhost:6006"
+"""Where ``tensorboard --logdir`` serves by default."""
 
 
 def demo_sinks(
@@ -80,6 +84,18 @@ def run_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _mlflow_experiment(out: Path) -> str | None:
+    """The MLflow experiment id the publisher reported (its status file), for the printed link."""
+    from ..publication.follower import status_path
+
+    try:
+        status = json.loads(status_path(out / "journal.jsonl").read_text())
+        experiment = status["sinks"]["mlflow"]["handles"]["experiment_id"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return str(experiment) if experiment is not None else None
+
+
 def report(out: Path, summary: Mapping[str, Any], sinks: Sequence[Mapping[str, Any]], seconds: float) -> None:
     """Where everything is, the commands to look at it, and a short health summary."""
     from ..doctor import run_checks
@@ -90,10 +106,16 @@ def report(out: Path, summary: Mapping[str, Any], sinks: Sequence[Mapping[str, A
     lines = [f"\nDone in {seconds:.0f} s. Everything is under {rel}/", f"  journal       {rel}/journal.jsonl"]
     if "tensorboard" in kinds:
         lines.append(f"  TensorBoard   tensorboard --logdir {rel}/tensorboard")
+        lines.append(f"                then open {TENSORBOARD_UI}/#custom_scalars (loss, reward, KL first)")
     mlflow = next((s for s in sinks if s["type"] == "mlflow"), None)
     if mlflow is not None:
         uri = mlflow.get("tracking_uri") or f"sqlite:///{rel}/mlflow.db"
         lines.append(f"  MLflow        mlflow ui --backend-store-uri {uri}")
+        experiment = _mlflow_experiment(out)
+        if experiment is not None:
+            tracking = mlflow.get("tracking_uri")
+            lines.append(f"                runs table: {mlflow_link(tracking, experiment)}")
+            lines.append(f"                charts:     {mlflow_link(tracking, experiment, charts=True)}")
     if "wandb" in kinds:
         runs = sorted((out / "wandb").glob("offline-run-*"))
         lines.append(f"  W&B           wandb sync {os.path.relpath(runs[-1]) if runs else rel + '/wandb'}")

@@ -113,7 +113,9 @@ The experiment is ``experiment_name`` (``experiment``, its older name, is accept
 ``mlflow.experimentKind = custom_model_development`` (set on an existing experiment without it),
 which MLflow 3's UI reads to open the experiment on its runs table with metric charts rather than
 its GenAI overview (MLflow 3.17's UI obeys its own per-browser "GenAI / Model training" switch first:
-``#/experiments/<id>?workflowType=machine_learning`` is the link that opens the runs table).
+``#/experiments/<id>/runs?workflowType=machine_learning&viewStateShareKey=posttrain-metrics`` is
+the link that opens the runs table, with the headline columns of the experiment's shared view:
+:mod:`.views`).
 ``run_id``, else ``MLFLOW_RUN_ID``, targets an existing MLflow run; otherwise a run tagged with the
 publisher's run id is resumed when one exists in the experiment (a restarted job continues its run), and a new run is
 created when none does.
@@ -127,6 +129,7 @@ import contextlib
 import dataclasses
 import getpass
 import hashlib
+import json
 import math
 import os
 import re
@@ -137,11 +140,13 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.errors import MetricsError
 from ..core.frame import Frame
+from ..core.keys import KeyInfo
 from ..core.redact import key_text, param_text, redact, redact_text
 from ..core.summary import RunSummary
 from ..core.warn import warn
 from .base import Points, RunInfo
 from .factory import run_path
+from .views import MLFLOW_VIEW_TAG, mlflow_view_state
 
 if TYPE_CHECKING:
     from .mlflow_tables import SampleTables
@@ -495,6 +500,7 @@ class MlflowSink:
         self._label_phase: dict[str, tuple[str, str]] = {}  # key -> (tag, phase of the frame that held it)
         self._summary: RunSummary | None = None
         self._last_step = 0
+        self._last_wall = 0.0  # wall time of the latest frame: the run's end time in MLflow
         self._closed = False
         self._batched = False
         self._param_limit = self._tag_limit = 0
@@ -568,6 +574,7 @@ class MlflowSink:
                 )
                 existing = found[0] if found else None
 
+        self._share_view(client, MlflowException, run.keys)
         tags = {RUN_ID_TAG: run.run_id, ADAPTERS_TAG: ",".join(run.adapters), MLFLOW_USER_TAG: _user()}
         for key, value in self.tags.items():  # the user's tags are stored like the config: redacted
             name, shown = key_text(str(key)), str(redact(str(key), str(value)))
@@ -665,6 +672,16 @@ class MlflowSink:
                 raise
             return str(found.experiment_id)
 
+    def _share_view(self, client: Any, error: type[Exception], keys: Mapping[str, KeyInfo]) -> None:
+        """The experiment's shared view (:mod:`.views`): the runs table opened by :func:`mlflow_link`
+        shows the headline keys and their ``run/`` aggregates, where MLflow shows every metric hidden."""
+        state = json.dumps(mlflow_view_state(keys), separators=(",", ":"))
+        try:
+            client.set_experiment_tag(self.experiment_id, MLFLOW_VIEW_TAG, state)
+        except error as exc:  # not allowed to tag it: the link then opens the table as MLflow shows it
+            warn(f"mlflow: could not store the experiment's view ({redact_text(str(exc))[:200]}); "
+                 "its runs table shows the metric columns once chosen under Columns", stacklevel=3)
+
     # ------------------------------------------------------------------ write
     def write(self, frame: Frame) -> None:
         if self._client is None or self._metric_names is None or self._tag_names is None:
@@ -694,6 +711,8 @@ class MlflowSink:
         if self._summary is not None:
             self._summary.add(frame)
         self._last_step = max(self._last_step, frame.step)
+        if frame.wall_time > 0 and math.isfinite(frame.wall_time):
+            self._last_wall = max(self._last_wall, frame.wall_time)
         self._reap()
         if metrics or tags:
             self._queue(_Batch([frame.step], metrics, tags))
@@ -758,7 +777,10 @@ class MlflowSink:
             for tag in [k for k, v in self._labels.items() if not v]:  # no label at the end: no tag
                 with contextlib.suppress(Exception):  # already gone: nothing stale is left either way
                     self._client.delete_tag(self.run_id, tag)
-        self._client.set_terminated(self.run_id, status=status)
+        # the run ends when training did (its last frame), not when the publisher finished draining
+        # and attaching the record, seconds later: MLflow's duration is then the training span
+        end = int(self._last_wall * 1000) if self._last_wall > 0 else None
+        self._client.set_terminated(self.run_id, status=status, end_time=end)
 
     def _run_gone(self) -> bool:
         """Whether the run was deleted or removed (by hand, or by ``mlflow gc``) while it was written:

@@ -99,6 +99,7 @@ __all__ = [
     "Chart",
     "TensorBoardSink",
     "dashboard_layout",
+    "samples_markdown",
     "written_layout",
 ]
 
@@ -173,17 +174,19 @@ class _Unit:
         ns = self.metric.namespace
         return ns if ns is not None and ns not in PHASES else None
 
-    def chart(self) -> Chart:
+    def charts(self) -> tuple[Chart, ...]:
+        """One chart; a categorical key's labels one chart each: in one multiline chart the custom-
+        scalars tab draws every label of a run in the run's colour, 0/1 lines on top of each other,
+        and only the tooltip tells which label a line is."""
         keys = [i.key for i in self.infos]
         if self.bands:
-            return Chart(f"{self._title(keys)} (mean, min to max)", bands=tuple(self.bands))
+            return (Chart(f"{self._title(keys)} (mean, min to max)", bands=tuple(self.bands)),)
         alternatives = "|".join(re.escape(k) for k in keys)
-        labels = self.metric.labels
-        if labels:
-            pattern = f"^(?:{alternatives})/(?:{'|'.join(re.escape(lab) for lab in labels)})$"
-            return Chart(f"{self._title(keys)} (1 = label of the step)", tags=(pattern,),
-                         keys=tuple(f"{k}/{lab}" for k in keys for lab in labels))
-        return Chart(self._title(keys), tags=(f"^(?:{alternatives})$",), keys=tuple(keys))
+        if self.metric.labels:
+            return tuple(Chart(f"{self._title(keys)} = {label} (1 at its steps)",
+                               tags=(f"^(?:{alternatives})/{re.escape(label)}$",),
+                               keys=tuple(f"{k}/{label}" for k in keys)) for label in self.metric.labels)
+        return (Chart(self._title(keys), tags=(f"^(?:{alternatives})$",), keys=tuple(keys)),)
 
     def _title(self, keys: list[str]) -> str:
         if len(keys) == 1:
@@ -288,7 +291,7 @@ def dashboard_layout(keys: Mapping[str, KeyInfo], adapters: Sequence[str]) -> li
     """
     units = _units(keys)
     out: list[Category] = []
-    headline = [u.chart() for u in units if any(i.metric.headline for i in u.infos)]
+    headline = [c for u in units if any(i.metric.headline for i in u.infos) for c in u.charts()]
     if headline:
         lead = _adapter_title(adapters[0]) if adapters else "run"
         out.append(Category(f"{lead} headline", tuple(headline), closed=False))
@@ -296,7 +299,7 @@ def dashboard_layout(keys: Mapping[str, KeyInfo], adapters: Sequence[str]) -> li
     charts: dict[str, list[Chart]] = {}
     shared: dict[str, list[Chart]] = {}  # fixed namespaces (optim, timer) span adapters: last
     for unit, title in zip(topical, _topics(topical, keys)):
-        (shared if unit.fixed_namespace else charts).setdefault(title, []).append(unit.chart())
+        (shared if unit.fixed_namespace else charts).setdefault(title, []).extend(unit.charts())
     out.extend(Category(title, tuple(group)) for title, group in {**charts, **shared}.items())
     return out
 
@@ -354,6 +357,44 @@ def _config_table(run: RunInfo) -> str:
     lines = [f"run `{run.name}` ({run.run_id}), adapters: {', '.join(run.adapters)}", "",
              "| key | value |", "|---|---|"]
     lines += [f"| {cell(k)} | {cell(v)} |" for k, v in run.config.items()]
+    return "\n".join(lines)
+
+
+WIDE_CELL = 120
+"""Characters beyond which a column's text leaves the samples table (see :func:`samples_markdown`)."""
+_MARKDOWN_SPECIALS = re.compile(r"([\\`*_\[\]#|])")
+
+
+def _paragraph(value: object) -> str:
+    """Model text as one Markdown paragraph shown as written (``<think>`` included): Markdown's
+    specials backslash-escaped, HTML's as entities (Markdown has no escape for ``<``), lines kept."""
+    text = "" if value is None else str(value)
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return _MARKDOWN_SPECIALS.sub(r"\\\1", text).replace("\n", "<br>")
+
+
+def samples_markdown(samples: Any) -> str:
+    """A step's samples for TensorBoard's text tab. A table sizes each column to its longest cell,
+    so one 2,000-character completion squeezed the other columns to a letter a line: a column with
+    a cell longer than :data:`WIDE_CELL` leaves the table, which numbers its rows (``#``), and is
+    written under the table row by row. Short text keeps the plain table (``Samples.markdown``)."""
+    wide = [c for c in samples.columns
+            if any(len("" if r.get(c) is None else str(r.get(c))) > WIDE_CELL for r in samples.rows)]
+    if not wide:
+        return str(samples.markdown())
+    narrow = [c for c in samples.columns if c not in wide]
+
+    def cell(value: object) -> str:
+        return ("" if value is None else str(value)).replace("\\", "\\\\").replace("|", "\\|").replace("\n", "<br>")
+
+    lines = [f"step {samples.step}: {len(samples.rows)} of {samples.offered} rows "
+             f"({', '.join(wide)}: below the table)", "",
+             "| # | " + " | ".join(cell(c) for c in narrow) + " |", "|" + "---|" * (len(narrow) + 1)]
+    lines += [f"| {i} | " + " | ".join(cell(row.get(c)) for c in narrow) + " |"
+              for i, row in enumerate(samples.rows, 1)]
+    for i, row in enumerate(samples.rows, 1):
+        for column in wide:
+            lines += ["", f"**#{i} {_paragraph(column)}**", "", _paragraph(row.get(column))]
     return "\n".join(lines)
 
 
@@ -714,7 +755,8 @@ class TensorBoardSink:
             return
         values = []
         if samples.rows:
-            values.append(self._text_value("samples/completions", samples.markdown(), "Sample completions of the step"))
+            values.append(self._text_value("samples/completions", samples_markdown(samples),
+                                           "Sample completions of the step"))
         summary = self._tb.summary_pb2
         for column, h in samples.histograms.items():
             histo = summary.HistogramProto(min=h.edges[0], max=h.edges[-1], num=h.num, sum=h.sum,

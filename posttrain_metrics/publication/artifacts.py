@@ -3,7 +3,8 @@
 When the publisher closes a run (:func:`~posttrain_metrics.publication.follower.follow`, live, in the
 publisher process or thread), it writes beside the journal, in ``<journal>.record/``:
 
-- ``config.json``: the run's config as the journal header holds it (flat, already redacted);
+- ``config.json``: the run's config as the journal header holds it (nested as W&B gets it, lists and
+  ``null`` kept, already redacted; an older journal's flat one as it is);
 - ``doctor.txt`` and ``doctor.json``: ``posttrain-metrics doctor``'s report;
 - ``dashboard.png``: ``posttrain-metrics plot``'s one-page dashboard, when matplotlib is installed.
 
@@ -62,7 +63,7 @@ def write_record(journal: Path) -> list[Path]:
         warnings.simplefilter("ignore")  # a torn last line was warned about where it was read first
         run = open_journal(journal)  # checked whole, frames read again by each pass: memory flat in steps
     config = folder / "config.json"
-    _atomic(config, json.dumps(run.config, indent=2, sort_keys=True, allow_nan=False).encode())
+    _atomic(config, json.dumps(run.config_tree, indent=2, sort_keys=True, allow_nan=False).encode())
     files.append(config)
     try:
         findings = run_checks(run)
