@@ -474,7 +474,7 @@ def test_dead_server_costs_the_sink_not_the_step(tmp_path: Path, mlflow_server: 
 
     sink.write = watched_write  # type: ignore[method-assign]
     # thread mode: the trackers are fed from the journal by a follower thread of this process, so the
-    # wrapped write can be watched (the process mode's outage test is in test_reliability)
+    # wrapped write can be watched (the process mode's outage test is in test_tracker_failures)
     pub = Publisher([JournalSink(tmp_path / "journal.jsonl"), sink], adapters=GRPO_ADAPTERS, mode="thread")
     try:
         pub.start(CONFIG)
