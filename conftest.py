@@ -96,6 +96,11 @@ LONG = frozenset({
     "tests/test_fuzz.py::test_the_inline_fast_path_packs_exactly_what_the_general_path_packs",
     "tests/test_plot.py::test_the_dashboards_data_takes_memory_bounded_whatever_the_runs_length",
     "tests/test_reduction_oracle.py::test_repartition_does_not_change_invariant_reductions",
+    "tests/test_bad_input.py::test_redaction_is_linear_time_on_hostile_and_plain_text",
+    "tests/test_fuzz.py::test_journal_frames_read_as_json_reads_them_whichever_parser_reads",
+    "tests/test_plot.py::test_grpo_dashboard_with_findings_and_non_finite_points",
+    "tests/test_tracker_failures.py::test_the_publishers_report_says_recording_while_it_writes_the_runs_record",
+    "tests/test_tracker_failures.py::test_a_hostile_journal_is_refused_or_harmless_and_writes_nothing_outside[name traversal]",
 })
 
 _SPAWN_EVENTS = frozenset({"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn",
