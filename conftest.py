@@ -1,17 +1,17 @@
 """Test tiers: what ``pytest -m "not slow"`` (the fast tier) may not do, and the check that it doesn't.
 
 A test is ``slow`` when it starts a server, a subprocess or a gloo world, or is long by itself. It
-is marked in one of three ways: by the fixture it uses (``SLOW_FIXTURES``, marked here at
-collection), by ``pytestmark = pytest.mark.slow`` in a module that spawns processes or gloo ranks,
-or by ``@pytest.mark.slow`` on the test.
+is marked here at collection, by the fixture it uses (``SLOW_FIXTURES``), a parameter
+(``SLOW_PARAMS``) or its id (``SPAWNS``, ``LONG``); or by ``pytestmark = pytest.mark.slow`` in a
+module whose tests all spawn; or by ``@pytest.mark.slow`` on the test.
 
 The check: while a test that is not marked slow runs (setup, call and teardown), starting a process
 (``subprocess.Popen``, ``os.fork``/``posix_spawn``/``system``/``exec*``, a ``multiprocessing``
 process: torch.multiprocessing, ray, wandb-core, ``mlflow server``, our publisher process) raises,
 and the test fails even if the code under test caught the error, with the fix: mark it slow. A
-torch.distributed process group left initialised fails it the same way. So the fast tier starts
-nothing by construction, and a new test that spawns must say so. This file is at the root (not in
-``tests/``) so that it covers the package's doctests too.
+torch.distributed process group that the test initialised and left open fails it the same way. So
+the fast tier starts nothing by construction, and a new test that spawns must say so. This file is
+at the root (not in ``tests/``) so that it covers the package's doctests too.
 """
 
 from __future__ import annotations
@@ -165,7 +165,10 @@ def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    grouped = _group_open()
     yield from _guarded(item)
+    if item.get_closest_marker("slow") is None and not grouped and _group_open():
+        _Guard.attempts.append("it initialised a torch.distributed process group")
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -173,7 +176,7 @@ def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
     yield from _guarded(item)
 
 
-def _group_left_open() -> bool:
+def _group_open() -> bool:
     dist = sys.modules.get("torch.distributed")
     return bool(dist is not None and dist.is_available() and dist.is_initialized())
 
@@ -187,8 +190,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         return
     problems = list(_Guard.attempts)
     _Guard.attempts.clear()
-    if call.when == "call" and _group_left_open():
-        problems.append("a torch.distributed process group is initialised")
     if problems:
         report.outcome = "failed"
         report.longrepr = (f"{report.longrepr or ''}\n[tiers] this test is not marked slow but: "
