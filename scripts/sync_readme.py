@@ -3,7 +3,8 @@ and the two example blocks (examples/grpo_callback.yaml, the loop of examples/gr
 
 from __future__ import annotations
 
-import subprocess
+import contextlib
+import io
 import sys
 from pathlib import Path
 
@@ -16,10 +17,21 @@ def example_loop() -> str:
     return text.split("# --8<-- [start:loop]\n", 1)[1].split("# --8<-- [end:loop]", 1)[0]
 
 
+def keys_table() -> str:
+    """`posttrain-metrics keys --markdown`, run in this process (the tests call it: no subprocess)."""
+    from posttrain_metrics.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(["keys", "--markdown"])
+    if code != 0:
+        raise SystemExit(f"posttrain-metrics keys --markdown exited with {code}")
+    return out.getvalue()
+
+
 def blocks() -> dict[str, str]:
     """What belongs between each pair of markers, by marker name."""
-    table = subprocess.run([sys.executable, "-m", "posttrain_metrics.cli", "keys", "--markdown"],
-                           capture_output=True, text=True, check=True).stdout
+    table = keys_table()
     yaml_text = (ROOT / "examples" / "grpo_callback.yaml").read_text()
     yaml_body = "".join(line for line in yaml_text.splitlines(keepends=True) if not line.startswith("#"))
     return {
@@ -38,5 +50,6 @@ def sync(text: str) -> str:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))  # this checkout's package, as `python -m` from the root would import
     README.write_text(sync(README.read_text()))
     print("README: catalogue and examples regenerated")

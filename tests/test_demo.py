@@ -20,6 +20,8 @@ from posttrain_metrics.demo.main import DEMO_ADAPTERS
 from posttrain_metrics.integrations.wandb_reader import read_offline_run
 from posttrain_metrics.journal import read_journal
 
+pytestmark = pytest.mark.slow  # runs the demo (gloo ranks, publisher process, wandb-core)
+
 STEPS = 10  # one validation frame at step 10
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from _faults import run_child
 from _runs import only_run
 from mlflow.tracking import MlflowClient
@@ -16,6 +17,8 @@ from posttrain_metrics.doctor import run_checks
 from posttrain_metrics.export import export
 from posttrain_metrics.journal import JournalTail, open_journal, read_journal
 from posttrain_metrics.publication.follower import MISSING_STEP_RANGES, MISSING_STEPS
+
+pytestmark = pytest.mark.slow  # runs each case in a child process
 
 TRAINER = """
     import json

@@ -36,7 +36,7 @@ from posttrain_metrics.core.distributed import GATHER_MAX_RANKS
 
 # Hang guards, not speed checks: generous, so that spawning 4 torch processes on a loaded 2-core machine
 # cannot trip them (a wrong rank shows as a wrong outcome, never as a time).
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # slow: spawns gloo ranks
 
 R = Reduction
 WORLD_SIZES = (2, 4)

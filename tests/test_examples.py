@@ -6,7 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from posttrain_metrics.journal import read_journal
+
+pytestmark = pytest.mark.slow  # runs the examples as scripts
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 try:
+    import mlflow
     from mlflow import MlflowClient
     from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH, MAX_PARAMS_TAGS_PER_BATCH
 except ImportError as exc:  # fail, never skip: the MLflow sink is part of the product
@@ -38,6 +39,7 @@ from posttrain_metrics.integrations.mlflow import INSTALL, MlflowSink
 from posttrain_metrics.journal import JournalSink, read_journal
 from posttrain_metrics.publication import Publisher
 
+MLFLOW_VERSION = tuple(int(part) for part in mlflow.__version__.split(".")[:2])
 SECRET = "hunter2-secret"
 URI_SECRET = "hunter2-uri-pw"
 LIST_SECRET = "hf_abcdefghijklmnopqrstuvwxyz0123"
@@ -474,7 +476,7 @@ def test_dead_server_costs_the_sink_not_the_step(tmp_path: Path, mlflow_server: 
 
     sink.write = watched_write  # type: ignore[method-assign]
     # thread mode: the trackers are fed from the journal by a follower thread of this process, so the
-    # wrapped write can be watched (the process mode's outage test is in test_reliability)
+    # wrapped write can be watched (the process mode's outage test is in test_tracker_failures)
     pub = Publisher([JournalSink(tmp_path / "journal.jsonl"), sink], adapters=GRPO_ADAPTERS, mode="thread")
     try:
         pub.start(CONFIG)
@@ -697,7 +699,10 @@ def test_an_explicit_sqlite_store_keeps_its_artifacts_next_to_its_database(
     artifact_uri = client.get_run(sink.run_id).info.artifact_uri
     assert artifact_uri.startswith((store / "mlartifacts").as_uri()), artifact_uri
     assert list(store.joinpath("mlartifacts").rglob("note.txt"))
-    assert not (elsewhere / "mlruns").exists() and not list(elsewhere.iterdir())
+    # MLflow 3.5 itself makes an empty ./mlruns whenever a client opens any SQLite store (its default
+    # artifact root); the dev pin does not. Either way nothing of the run may be written there.
+    left = [] if MLFLOW_VERSION >= (3, 17) else [elsewhere / "mlruns"]
+    assert sorted(elsewhere.rglob("*")) == left
 
 
 # ------------------------------------------------- the embedded store's direct writes (_SqlitePoints)

@@ -43,6 +43,8 @@ from posttrain_metrics.integrations.wandb_reader import OfflineRun, read_offline
 from posttrain_metrics.journal import JournalSink, read_journal
 from posttrain_metrics.publication import Publisher
 
+pytestmark = pytest.mark.slow  # W&B starts its wandb-core service process
+
 SECRET = "sk-live-0123456789abcdefghijklmnop"
 DB_PASSWORD = "hunter2-very-secret-pw"
 HF_SECRET = "hf_abcdefghijklmnopqrstuvwxyz0123"

@@ -20,7 +20,7 @@ from posttrain_metrics.callbacks import MetricsCallback
 from posttrain_metrics.doctor import run_checks
 from posttrain_metrics.journal import read_journal
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # slow: signals a child trainer process
 
 ROOT = Path(__file__).parents[1]
 

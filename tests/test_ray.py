@@ -28,7 +28,7 @@ from posttrain_metrics.callbacks.ray import RayDriver, gather, resolve
 from posttrain_metrics.integrations import MemorySink
 from posttrain_metrics.publication import Publisher
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]  # slow: starts ray and gloo ranks
 
 WORLDS = (2, 4)
 STEPS = (5, 6)

@@ -17,6 +17,8 @@ from posttrain_metrics.integrations.mlflow import RUN_ID_TAG
 from posttrain_metrics.integrations.wandb_reader import read_offline_run
 from posttrain_metrics.journal import read_journal
 
+pytestmark = pytest.mark.slow  # starts publisher processes and wandb-core
+
 
 def train(out_dir: Path, steps: range, run_id: str | None = None) -> MetricsCallback:
     sinks = [{"type": "journal"}, {"type": "wandb", "project": "rerun", "settings": {"quiet": True}},

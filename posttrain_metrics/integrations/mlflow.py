@@ -129,6 +129,7 @@ import contextlib
 import dataclasses
 import getpass
 import hashlib
+import inspect
 import json
 import math
 import os
@@ -328,10 +329,11 @@ class _SqlitePoints:
 
     COLUMNS = frozenset({"key", "value", "timestamp", "step", "is_nan", "run_uuid"})
 
-    def __init__(self, store: Any, metrics: Any, latest: Any, runs: Any, error: Any, codes: Any) -> None:
+    def __init__(self, store: Any, metrics: Any, latest: Any, runs: Any, error: Any, codes: Any,
+                 session: Mapping[str, Any] | None = None) -> None:
         self.store, self.metrics, self.latest, self.runs = store, metrics, latest, runs
         self.error, self.codes = error, codes  # MlflowException, MLflow's error codes
-
+        self.session = dict(session or {})  # ManagedSessionMaker's arguments for a write
     @classmethod
     def find(cls, client: Any) -> _SqlitePoints | None:
         """The direct writer for ``client``'s store, or None when it is not a SQLite store of the
@@ -349,6 +351,13 @@ class _SqlitePoints:
             return None
         if not callable(getattr(store, "ManagedSessionMaker", None)):
             return None
+        # Later MLflows mark a session that writes (read_only=False; their default is True, and under
+        # pytest they refuse a read-only session's flush); 3.5 has no such argument, and writes with any.
+        try:
+            arguments = inspect.signature(store.ManagedSessionMaker).parameters
+        except (TypeError, ValueError):
+            return None
+        session = {"read_only": False} if "read_only" in arguments else {}
         # log_batch also files the points under an active logged model (set in this thread, or for
         # every thread by the environment): it does that, not this
         active = getattr(mlflow, "get_active_model_id", lambda: None)()
@@ -363,7 +372,7 @@ class _SqlitePoints:
             return None
         if not {"run_uuid", "lifecycle_stage"} <= {c.name for c in runs.columns}:
             return None
-        return cls(store, metrics, latest, runs, MlflowException, codes)
+        return cls(store, metrics, latest, runs, MlflowException, codes, session)
 
     def write(self, run_id: str, points: list[tuple[str, float, int, int]]) -> None:
         """Log ``points`` (key, value, timestamp ms, step) to the run, in one transaction."""
@@ -389,7 +398,7 @@ class _SqlitePoints:
         # MLflow's own session: its SQLite settings (foreign keys on, a 20 s busy timeout) on whichever
         # pooled connection it gets, and its error mapping (a locked or unreachable database is a 503,
         # retried; any other database error a 400, rejected), as for log_batch.
-        with self.store.ManagedSessionMaker(read_only=False) as session:
+        with self.store.ManagedSessionMaker(**self.session) as session:
             # Read outside the write transaction (SQLite begins it at the first insert): a run that is
             # gone or deleted is refused as log_batch refuses it.
             stage = session.execute(sa.select(runs.c.lifecycle_stage).where(runs.c.run_uuid == run_id)).scalar()

@@ -305,7 +305,7 @@ def replayable(seed: int) -> Iterator[None]:
     try:
         yield
     except AssertionError as exc:
-        raise AssertionError(f"{exc}\n[kill seed {seed}; replay: KILL_SEED={seed} pytest tests/test_reliability.py]") \
+        raise AssertionError(f"{exc}\n[kill seed {seed}; replay: KILL_SEED={seed} pytest tests/test_tracker_failures.py]") \
             from exc
 
 

@@ -1,60 +1,56 @@
-"""The linter and the type checker run inside the test command."""
+"""The command line's help and `keys` listing (run in-process), and the README blocks generated from
+them. ruff and mypy run from scripts/test (the README's test command), not from pytest."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from posttrain_metrics.cli import main
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run(*cmd: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1100)
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """``posttrain-metrics ARGV`` in this process: (exit status, stdout, stderr)."""
+    capsys.readouterr()
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:  # --help
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
-def test_ruff_is_clean():
-    result = run(sys.executable, "-m", "ruff", "check", ".")
-    assert result.returncode == 0, f"ruff found problems (pip install ruff if missing):\n{result.stdout}{result.stderr}"
-
-
-@pytest.mark.timeout(1200)  # a cold mypy run (no cache) exceeds the suite's 300 s on a loaded 2-core machine
-def test_mypy_strict_is_clean():
-    result = run(sys.executable, "-m", "mypy")
-    assert result.returncode == 0, f"mypy found problems:\n{result.stdout}{result.stderr}"
-
-
-def test_cli_help_for_every_subcommand():
+def test_cli_help_for_every_subcommand(capsys):
     for sub in ("demo", "export", "doctor", "plot", "keys"):
-        result = run(sys.executable, "-m", "posttrain_metrics.cli", sub, "--help")
-        assert result.returncode == 0 and "usage:" in result.stdout, result.stderr
+        code, out, err = run_cli(capsys, sub, "--help")
+        assert code == 0 and "usage:" in out, err
 
 
 def test_cli_with_no_arguments_lists_the_commands(capsys):
-    from posttrain_metrics.cli import main
-
     assert main([]) == 0  # argparse alone exits 2 with "the following arguments are required: COMMAND"
     out = capsys.readouterr().out
     for sub in ("demo", "export", "publish", "doctor", "plot", "keys"):
         assert f"    {sub} " in out, out
 
 
-def test_keys_markdown_lists_every_declared_key():
+def test_keys_markdown_lists_every_declared_key(capsys):
     from posttrain_metrics.core.catalog import BUILTIN
     from posttrain_metrics.core.keys import describe
 
-    result = run(sys.executable, "-m", "posttrain_metrics.cli", "keys", "--markdown")
-    assert result.returncode == 0, result.stderr
+    code, out, err = run_cli(capsys, "keys", "--markdown")
+    assert code == 0, err
     for key in describe(BUILTIN):
-        assert f"`{key}`" in result.stdout, key
+        assert f"`{key}`" in out, key
 
 
-def test_keys_shows_the_source_name_to_pass_beside_the_published_key():
-    result = run(sys.executable, "-m", "posttrain_metrics.cli", "keys", "--markdown")
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
+def test_keys_shows_the_source_name_to_pass_beside_the_published_key(capsys):
+    code, out, err = run_cli(capsys, "keys", "--markdown")
+    assert code == 0, err
+    lines = out.splitlines()
     assert lines[0].startswith("| adapter | source name (pass this) | published key | reduction | weight / count |")
     # what on_chunk_end takes, beside what trackers show: the grpo_ prefix, bare reward/trainer names
     for row in ("| grpo | `grpo_clip_frac` | `train/clip_frac` | weighted_mean | train/valid_token_count | fraction |",
@@ -64,7 +60,7 @@ def test_keys_shows_the_source_name_to_pass_beside_the_published_key():
                 "| trainer | `grad_norm` | `train/grad_norm` | last |",
                 "| dpo | `dpo_accuracy` | `val/dpo_accuracy` | mean |"):
         assert any(line.startswith(row) for line in lines), row
-    plain = run(sys.executable, "-m", "posttrain_metrics.cli", "keys", "reward").stdout
+    plain = run_cli(capsys, "keys", "reward")[1]
     assert "rollout_count" in plain and "train/rollout_count" in plain and "source name" in plain
 
 
@@ -85,10 +81,11 @@ def test_readme_examples_are_the_example_files():
     assert '"grpo_weight_sum"' in loop and "on_validation_end" in loop  # nothing required hidden
 
 
-def test_readme_catalogue_is_the_generated_one():
+def test_readme_catalogue_is_the_generated_one(capsys):
     """The README's key table is generated: `posttrain-metrics keys --markdown` between markers."""
-    result = run(sys.executable, "-m", "posttrain_metrics.cli", "keys", "--markdown")
+    code, out, err = run_cli(capsys, "keys", "--markdown")
+    assert code == 0, err
     readme = (ROOT / "README.md").read_text()
     start, end = "<!-- keys:start -->\n", "<!-- keys:end -->"
     block = readme[readme.index(start) + len(start): readme.index(end)]
-    assert block == result.stdout, "regenerate with: python scripts/sync_readme.py"
+    assert block == out, "regenerate with: python scripts/sync_readme.py"
