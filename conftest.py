@@ -31,6 +31,14 @@ SLOW_PARAMS = frozenset({("backend", "server"), ("mode", "process")})
 
 SPAWNS = frozenset({
     # a test id without [params] covers all its parameters
+    "tests/test_counters_in_step.py::test_gloo_ranks_raise_together_and_stay_in_step",
+    "tests/test_export.py::test_export_to_mlflow_and_wandb_is_as_quiet_as_a_live_run",
+    "tests/test_integrations_mlflow.py::test_the_run_spans_the_training_not_the_publishers_drain",
+    "tests/test_redaction.py::test_the_publisher_process_log_is_private_and_holds_no_uri_password",
+    "tests/test_redaction.py::test_what_trackers_store_besides_the_config_is_redacted_and_read_back",
+    "tests/test_run_aggregates.py::test_every_tracker_shows_the_declared_run_aggregates",
+    "tests/test_samples_trust.py::test_four_gloo_ranks_choose_as_one_process_would",
+    "tests/test_samples_trust.py::test_two_gloo_ranks_choose_over_the_whole_batch_and_fail_together",
     "tests/test_bad_input.py::test_a_collective_that_fails_says_which_the_step_and_the_fix",
     "tests/test_bad_input.py::test_an_empty_window_is_in_the_journal_only",
     "tests/test_bad_input.py::test_export_to_a_dead_mlflow_server_fails_within_the_live_sinks_retries",

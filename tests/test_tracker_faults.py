@@ -37,6 +37,8 @@ from posttrain_metrics.publication import Publisher
 from posttrain_metrics.publication.follower import follow
 from posttrain_metrics.publication.process import MAX_RESTARTS, PublisherProcess
 
+pytestmark = pytest.mark.slow  # real mlflow servers, publisher processes, sweeps of trainers
+
 TESTS = Path(__file__).resolve().parent
 pytestmark = pytest.mark.usefixtures("clean_mlflow_env")  # each test starts and ends without MLflow's variables
 
