@@ -37,10 +37,10 @@ from posttrain_metrics.publication import Publisher
 from posttrain_metrics.publication.follower import follow
 from posttrain_metrics.publication.process import MAX_RESTARTS, PublisherProcess
 
-pytestmark = pytest.mark.slow  # real mlflow servers, publisher processes, sweeps of trainers
-
 TESTS = Path(__file__).resolve().parent
-pytestmark = pytest.mark.usefixtures("clean_mlflow_env")  # each test starts and ends without MLflow's variables
+# each test starts and ends without MLflow's variables; real mlflow servers, publisher processes and
+# sweeps of trainers: the slow tier
+pytestmark = [pytest.mark.usefixtures("clean_mlflow_env"), pytest.mark.slow]
 
 
 def figure(text: str) -> None:
