@@ -181,6 +181,7 @@ class Replica:
         self.header: dict[str, Any] | None = None
         self.written = 0  # frames this replica sent
         self.skipped = 0  # frames the target already held
+        self.gaps_written = 0  # gap points (health/missing_steps) sent: not frames of the journal
         self.frames = 0  # journal frames processed (sent, held already, or empty)
         self.end: str | None = None  # the status of the last end record read, None while the run goes on
         self.closed = False
@@ -239,7 +240,7 @@ class Replica:
                 self.end = None
                 self._send(record.frame)
             elif record.kind == "gap" and record.gap is not None:
-                self._send(self.gaps.frame(record.gap))
+                self._send(self.gaps.frame(record.gap), gap=True)
             elif record.kind == "header" and record.header is not None:
                 self.end = None
                 if self.publisher is None:
@@ -250,8 +251,9 @@ class Replica:
                 self.end = record.status
                 self.end_reason = record.reason
 
-    def _send(self, frame: Frame) -> None:
-        """One frame to the sink, unless the target holds it already."""
+    def _send(self, frame: Frame, *, gap: bool = False) -> None:
+        """One frame to the sink, unless the target holds it already; ``gap``: a gap's point, counted
+        apart from the journal's frames (``written`` and ``skipped`` count frames only)."""
         if self.publisher is None:
             raise MetricsError(f"{self.path}: a frame before the journal header")
         if not frame.metrics:
@@ -260,8 +262,11 @@ class Replica:
             if self.publisher.run is None:
                 self._start_sink()
             self.publisher.publish(frame)
-            self.written += 1
-        else:
+            if gap:
+                self.gaps_written += 1
+            else:
+                self.written += 1
+        elif not gap:
             self.skipped += 1
 
     def _prepare(self, header: dict[str, Any]) -> None:
