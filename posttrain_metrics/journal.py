@@ -288,6 +288,7 @@ class JournalSink:
         self._gap: Gap | None = None  # the frames not kept since the backlog was full
         self.gaps: list[Gap] = []  # every gap of the run, written or not: the end record lists them
         self._fault = ""  # the error of the write that failed, while writes fail
+        self._head = b""  # the header (a full disk at the start), written before anything else
         self.lock: RunLock | None = None
 
     def start(self, run: RunInfo) -> None:
@@ -310,9 +311,7 @@ class JournalSink:
         self._set_aside_other_run(run.run_id)
         torn = self.path.exists() and self.path.stat().st_size > 0 and not self._ends_with_newline()
         self._file.open()
-        if torn:  # a crash mid-line: end that line so that the resumed run's lines stay whole
-            self._file.append(b"\n")
-        self._line(
+        header = _json_line(
             {
                 "format": FORMAT,
                 "version": VERSION,
@@ -326,6 +325,13 @@ class JournalSink:
                 **({"extra": {k: dict(v) for k, v in run.extra.items()}} if run.extra else {}),
             }
         )
+        # a crash mid-line: end that line so that the resumed run's lines stay whole
+        head = (b"\n" if torn else b"") + header
+        try:
+            self._file.append(head)
+        except OSError as exc:  # a disk full from the start: the header is held like a frame, written first
+            self._head = head
+            self._failed(exc)
 
     def _ends_with_newline(self) -> bool:
         with open(self.path, "rb") as f:
@@ -368,9 +374,9 @@ class JournalSink:
         if self._file.closed:
             raise MetricsError(f"journal {self.path} is not open; fix: call start() before write()")
         line = self._frame_line(frame)
-        if self._held or self._gap is not None:
+        if self._head or self._held or self._gap is not None:
             self._catch_up()
-        if not self._held and self._gap is None:
+        if not self._head and not self._held and self._gap is None:
             try:
                 self._file.append(line)
             except OSError as exc:
@@ -423,7 +429,13 @@ class JournalSink:
 
     def _catch_up(self) -> bool:
         """Write the held frames, then the gap record, in order; whether all of it is written."""
-        written = 0
+        written, head = 0, bool(self._head)
+        if self._head:
+            try:
+                self._file.append(self._head)
+            except OSError:
+                return False
+            self._head = b""
         while self._held:
             _, _, line = self._held[0]
             try:
@@ -440,7 +452,7 @@ class JournalSink:
             except OSError:
                 return False
             self._gap = None
-        if written or gap is not None:
+        if written or head or gap is not None:
             lost = f"; {gap.describe()} could not be kept: recorded as a gap" if gap is not None else ""
             emit_warning(f"journal {self.path} is written again: {written} held frames are in it{lost}", stacklevel=5)
         self._fault = ""
@@ -468,7 +480,7 @@ class JournalSink:
         the gaps (``missing``)."""
         if self._file.closed:
             return
-        if (self._held or self._gap is not None) and not self._catch_up():
+        if (self._head or self._held or self._gap is not None) and not self._catch_up():
             self._give_up_held()
         status = "interrupted" if interrupted else "failed" if failed else "finished"
         end: dict[str, Any] = {"kind": "end", "run_id": self._run_id, "status": status, "time": time.time()}
@@ -476,7 +488,9 @@ class JournalSink:
             end["reason"] = reason
         if self.gaps:
             end["missing"] = missing_summary(g.record(self._run_id) for g in self.gaps)
-        lines = [_json_line(self._gap.record(self._run_id))] if self._gap is not None else []
+        lines = [self._head] if self._head else []
+        if self._gap is not None:
+            lines.append(_json_line(self._gap.record(self._run_id)))
         try:
             self._file.append(b"".join((*lines, _json_line(end))))
             if self.fsync != "never":

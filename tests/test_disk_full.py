@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from _faults import run_child
 from _runs import only_run
 from mlflow.tracking import MlflowClient
@@ -228,3 +229,25 @@ def test_export_of_a_journal_with_a_gap_counts_frames_not_the_gap_point(tmp_path
         assert export(open_journal(out / "journal.jsonl"), target, where, quiet=True) == 0
         said = capsys.readouterr().out
         assert "nothing to export: all 7 frames" in said, said
+
+
+@pytest.mark.parametrize("mode", ["inline", "thread", "process"])
+def test_a_disk_full_when_the_run_starts_holds_the_header_and_loses_no_frame(tmp_path, monkeypatch, mode):
+    out = tmp_path / "run"
+    sinks = [{"type": "journal"}, {"type": "tensorboard"}]
+    _run_on_a_filling_disk(out, {1, 2, 3}, monkeypatch, full_at_start=True, mode=mode, sinks=sinks)
+    journal = read_journal(out / "journal.jsonl")
+    assert journal.run_id == "fill01" and [f.step for f in journal.frames] == list(range(1, 11))
+    assert journal.gaps == [] and journal.end is not None and journal.end["status"] == "finished"
+    acc = EventAccumulator(str(only_run(out / "tensorboard")), size_guidance={"scalars": 0})
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("train/grad_norm")] == list(range(1, 11))
+
+
+def test_a_disk_full_from_the_start_past_the_backlog_is_a_gap_from_step_one(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    _run_on_a_filling_disk(out, {1, 2, 3}, monkeypatch, full_at_start=True)
+    journal = read_journal(out / "journal.jsonl")
+    assert [f.step for f in journal.frames] == list(range(4, 11))
+    assert [(g["first_step"], g["last_step"], g["frames"]) for g in journal.gaps] == [(1, 3, 3)]
+    assert journal.end is not None and journal.end["missing"] == {"frames": 3, "steps": [[1, 3]]}
