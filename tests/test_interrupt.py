@@ -116,3 +116,15 @@ def test_a_failure_records_its_exception_redacted_as_the_reason(tmp_path):
     end = read_journal(tmp_path / "journal.jsonl").end
     assert end is not None and end["status"] == "failed"
     assert end["reason"] == "RuntimeError: login failed with password=***REDACTED***"
+
+
+@pytest.mark.parametrize(("code", "status", "reason"), [(0, "finished", None), (None, "finished", None),
+                                                        (3, "failed", "SystemExit: 3")])
+def test_sys_exit_in_the_runs_block_is_finished_when_its_code_says_success(tmp_path, code, status, reason):
+    cb = MetricsCallback(adapters=["trainer"], out_dir=tmp_path, sinks=[{"type": "journal"}], publisher="inline")
+    with pytest.raises(SystemExit), cb:
+        cb.on_chunk_end({"grad_norm": 1.0})
+        cb.on_window_end(1)
+        sys.exit(code)
+    end = read_journal(tmp_path / "journal.jsonl").end
+    assert end is not None and (end["status"], end.get("reason")) == (status, reason)

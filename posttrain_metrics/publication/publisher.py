@@ -405,6 +405,8 @@ class Publisher:
             return
         self._closed = True
         atexit.unregister(self._at_exit)
+        if isinstance(error, SystemExit) and error.code in (None, 0):
+            error, failed = None, False  # sys.exit(0) in the run's block: a run that finished
         if error is not None:
             status = status or ("interrupted" if isinstance(error, KeyboardInterrupt) else "failed")
             reason = reason or end_reason(error)
