@@ -38,6 +38,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import shlex
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -410,14 +411,25 @@ def _given_up(replica: Replica, grace: float) -> None:
     name = replica.sink.name
     if replica.waiting and replica.retry is not None:
         warn(f"{name}: never started ({replica.retry.failures} attempts over {replica.retry.waited():.0f} s; "
-             f"its tracker could not be reached), so it was sent no frame of this run. `posttrain-metrics "
-             f"publish {replica.path}` sends them all", stacklevel=3)
+             f"its tracker could not be reached), so it was sent no frame of this run. `{finish_command(replica)}` "
+             "sends them all", stacklevel=3)
         return
     if replica.publisher is not None:
         replica.publisher.failures[name] = replica.publisher.failures.get(name, 0) + 1
     warn(f"{name}: its tracker took no frame for {grace:g} s after the run ended; the frames of the journal "
-         f"from line {replica.tail.line_number + 1} on were not sent to it. `posttrain-metrics publish "
-         f"{replica.path}` sends what it lacks", stacklevel=3)
+         f"from line {replica.tail.line_number + 1} on were not sent to it. `{finish_command(replica)}` "
+         "sends what it lacks", stacklevel=3)
+
+
+def finish_command(replica: Replica) -> str:
+    """The command that sends a replica's tracker what it lacks: ``publish`` where the run wrote its
+    sinks file (a publisher process), else (a follower thread: no sinks file) ``export --to`` its kind."""
+    from .process import sinks_path
+
+    journal = shlex.quote(str(replica.path))
+    if sinks_path(replica.path).exists():
+        return f"posttrain-metrics publish {journal}"
+    return f"posttrain-metrics export {journal} --to {type(replica.sink).name} [TARGET]"
 
 
 def _last_try(stuck: Sequence[Replica]) -> bool:

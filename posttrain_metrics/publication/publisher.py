@@ -452,9 +452,11 @@ class Publisher:
         if not never or self.journal_path is None:
             return
         fix = (f"`{self.process.command()}` sends them" if self.process is not None
-               else f"`posttrain-metrics export {self.journal_path} --to KIND` replays them into a tracker")
-        warn(f"tracker(s) {never} never started during the run (unreachable at its start and at every "
-             f"retry); they hold none of its frames, which the journal keeps: {fix}",
+               else f"`posttrain-metrics export {self.journal_path} --to KIND [TARGET]` replays them into a tracker")
+        when = "at its start and at every retry" if self.process is not None or self._thread is not None else (
+            "at its start; an inline sink's start is not retried")
+        warn(f"tracker(s) {never} never started during the run (unreachable {when}); they hold none of its "
+             f"frames, which the journal keeps: {fix}",
              stacklevel=user_stacklevel())
 
     def _merge(self, report: Mapping[str, Any]) -> None:
