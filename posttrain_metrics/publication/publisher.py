@@ -32,6 +32,7 @@ and close the trackers; what is left is reported with the command that finishes 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import inspect
 import json
 import math
@@ -59,6 +60,31 @@ __all__ = ["MODES", "Publisher", "display_frame", "end_reason", "nonfinite_kind"
 
 MODES = ("process", "thread", "inline")
 
+
+
+def _close_before_threads_stop(pub: Publisher) -> None:
+    """Close a run whose trackers a follower thread feeds (``publisher="thread"``) at the first step of
+    the interpreter's exit, before ``atexit``. The follower thread starts the trackers, and they start
+    threads and executors of their own: by the time ``atexit`` runs, the interpreter's threads are
+    shutting down and that fails (``can't register atexit after shutdown``), so a run closed by
+    ``atexit`` (an uncaught exception, Ctrl-C, no ``with``) reached no tracker that had not started
+    yet. threading's own exit hooks run before that point; ``concurrent.futures.thread`` is imported
+    now, since it cannot be imported then."""
+    import concurrent.futures.thread  # noqa: F401 - registers its own exit hook, which must run after ours
+    import weakref
+
+    register = getattr(threading, "_register_atexit", None)
+    if register is None:  # pragma: no cover - CPython has it from 3.9
+        return
+    ref = weakref.ref(pub)
+
+    def close() -> None:
+        live = ref()
+        if live is not None and not live._closed:
+            live._at_exit()
+
+    with contextlib.suppress(RuntimeError):  # already shutting down: atexit closes it
+        register(close)
 
 
 def end_reason(error: BaseException) -> str:
@@ -303,6 +329,8 @@ class Publisher:
             if self.journal_path is not None and "journal" not in self.unstarted:
                 self._start_followers()
             atexit.register(self._at_exit)
+            if self._thread is not None:
+                _close_before_threads_stop(self)
         return run
 
     def _start_followers(self) -> None:
