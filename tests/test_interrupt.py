@@ -73,10 +73,12 @@ def interrupt_a_trainer(tmp_path: Path, how: str, mode: str = "process") -> Path
     return out
 
 
-@pytest.mark.parametrize(("how", "mode"), [("with", "process"), ("atexit", "process"), ("atexit", "thread")])
+@pytest.mark.parametrize(("how", "mode"), [("with", "process"), ("atexit", "process"), ("atexit", "thread"),
+                                             ("atexit", "inline")])
 def test_a_trainer_sent_sigint_is_interrupted_with_its_reason_in_the_journal_and_every_tracker(tmp_path, how, mode):
-    # thread: Ctrl-C at the 5th step, before the follower thread has started the trackers; atexit is
-    # too late for them to start (the interpreter's threads are shutting down), so the run closes earlier
+    # thread, inline: the trackers run in the trainer's process. atexit is too late for them (the
+    # interpreter's threads and executors are shut down: a tracker not started yet by the follower
+    # thread at the 5th step never starts, MLflow's writer cannot close its run), so the run closes earlier
     out = interrupt_a_trainer(tmp_path, how, mode)
     journal = read_journal(out / "journal.jsonl")
     assert journal.end is not None
@@ -131,3 +133,35 @@ def test_sys_exit_in_the_runs_block_is_finished_when_its_code_says_success(tmp_p
         sys.exit(code)
     end = read_journal(tmp_path / "journal.jsonl").end
     assert end is not None and (end["status"], end.get("reason")) == (status, reason)
+
+
+def test_a_run_left_open_by_a_training_thread_closes_once_that_thread_is_done(tmp_path):
+    """The main thread starts a (non-daemon) training thread and returns: the run is closed at the
+    interpreter's exit, after that thread's last step, as atexit would."""
+    script = tmp_path / "train.py"
+    script.write_text(f"""
+import threading, time
+from posttrain_metrics.callbacks import MetricsCallback
+
+cb = MetricsCallback(adapters=["trainer"], out_dir={str(tmp_path / "run")!r}, sinks=[{{"type": "journal"}},
+                     {{"type": "mlflow"}}], publisher="inline")
+
+
+def train():
+    for step in range(1, 21):
+        time.sleep(0.05)
+        cb.on_chunk_end({{"grad_norm": 1.0}})
+        cb.on_window_end(step)
+
+
+cb.on_run_start()
+threading.Thread(target=train).start()
+""")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+    subprocess.run([sys.executable, str(script)], env=env, check=True, capture_output=True, timeout=240)
+    journal = read_journal(tmp_path / "run" / "journal.jsonl")
+    assert [f.step for f in journal.frames] == list(range(1, 21))
+    assert journal.end is not None and journal.end["status"] == "finished"
+    client = MlflowClient(f"sqlite:///{tmp_path / 'run' / 'mlflow.db'}")
+    [run] = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    assert run.info.status == "FINISHED"

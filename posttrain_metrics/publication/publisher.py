@@ -63,14 +63,15 @@ MODES = ("process", "thread", "inline")
 
 
 def _close_before_threads_stop(pub: Publisher) -> None:
-    """Close a run whose trackers a follower thread feeds (``publisher="thread"``) at the first step of
-    the interpreter's exit, before ``atexit``. The follower thread starts the trackers, and they start
-    threads and executors of their own: by the time ``atexit`` runs, the interpreter's threads are
-    shutting down and that fails (``can't register atexit after shutdown``), so a run closed by
-    ``atexit`` (an uncaught exception, Ctrl-C, no ``with``) reached no tracker that had not started
-    yet. threading's own exit hooks run before that point; ``concurrent.futures.thread`` is imported
-    now, since it cannot be imported then."""
-    import concurrent.futures.thread  # noqa: F401 - registers its own exit hook, which must run after ours
+    """Close a run left open at the interpreter's exit before ``atexit`` would, at the first step of the
+    exit (threading's own exit hooks), once the program's other threads are done. The trackers of the
+    ``inline`` and ``thread`` modes run in this process, with threads and executors of their own: by the
+    time ``atexit`` runs, these are shut down (``cannot schedule new futures after shutdown``, ``can't
+    register atexit after shutdown``), so a run closed by ``atexit`` (an uncaught exception, Ctrl-C, no
+    ``with``) left its MLflow run RUNNING and reached no tracker that had not started yet.
+    ``concurrent.futures.thread`` is imported now (it cannot be imported then; its own exit hook, which
+    stops the executors, must be registered before ours so that it runs after)."""
+    import concurrent.futures.thread as futures_thread
     import weakref
 
     register = getattr(threading, "_register_atexit", None)
@@ -80,8 +81,18 @@ def _close_before_threads_stop(pub: Publisher) -> None:
 
     def close() -> None:
         live = ref()
-        if live is not None and not live._closed:
-            live._at_exit()
+        if live is None or live._closed:
+            return
+        # As atexit would: after the program's own threads (a training thread the main one started), not
+        # the executors' workers, which wait for the exit hook that stops them.
+        while True:
+            workers = set(getattr(futures_thread, "_threads_queues", {}))
+            others = [t for t in threading.enumerate() if not t.daemon and t is not threading.current_thread()
+                      and t is not threading.main_thread() and t not in workers]
+            if not others:
+                break
+            others[0].join()
+        live._at_exit()
 
     with contextlib.suppress(RuntimeError):  # already shutting down: atexit closes it
         register(close)
@@ -329,8 +340,7 @@ class Publisher:
             if self.journal_path is not None and "journal" not in self.unstarted:
                 self._start_followers()
             atexit.register(self._at_exit)
-            if self._thread is not None:
-                _close_before_threads_stop(self)
+            _close_before_threads_stop(self)
         return run
 
     def _start_followers(self) -> None:
