@@ -155,6 +155,9 @@ _MOVED = tuple(kind for kind in RunFile if kind is not RunFile.LOCK)
 """What a set-aside journal takes with it: everything of its run."""
 
 
+RESUME_WAIT = 180.0
+"""How long a resumed run waits for the publisher process of its previous attempt (see :meth:`RunLock.take`)."""
+
 LOCK_FD_ENV = "POSTTRAIN_METRICS_LOCK_FD"
 """The descriptor, in the publisher process, of its run's lock (:class:`RunLock`), inherited from the trainer."""
 
@@ -176,19 +179,36 @@ class RunLock:
         self.fd = fd
 
     @classmethod
-    def take(cls, path: Path, run_id: str) -> RunLock | None:
-        """The lock of ``path`` for run ``run_id``, or a :class:`MetricsError` naming the run that holds it."""
+    def take(cls, path: Path, run_id: str, *, resume_wait: float = RESUME_WAIT) -> RunLock | None:
+        """The lock of ``path`` for run ``run_id``, or a :class:`MetricsError` naming the run that holds it.
+
+        A resumed run (the same run id) whose previous attempt's trainer has exited while its publisher
+        process still sends that journal to the trackers (a job restarted at once after a crash) waits
+        for that publisher, up to ``resume_wait`` seconds, instead of being refused: it finishes by
+        itself, and the resumed run then appends to the same journal."""
         try:
             import fcntl
         except ImportError:  # pragma: no cover - no flock on this platform
             return None
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holders = _holders(fd)
-            os.close(fd)
-            raise MetricsError(_refusal(path, run_id, holders)) from None
+        deadline = None
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                holders = _holders(fd)
+                draining = _draining_publisher(run_id, holders)
+                if draining is not None and deadline is None and resume_wait > 0:
+                    deadline = time.monotonic() + resume_wait
+                    emit_warning(f"journal {path.with_name(path.name[: -len('.lock')])}: the previous attempt of run "
+                                 f"{run_id!r} has exited and its publisher process (pid {draining}) still sends "
+                                 f"that journal to the trackers; this resumed run waits for it (up to "
+                                 f"{resume_wait:g} s)", stacklevel=4)
+                if draining is None or deadline is None or time.monotonic() >= deadline:
+                    os.close(fd)
+                    raise MetricsError(_refusal(path, run_id, holders)) from None
+                time.sleep(0.2)
         os.ftruncate(fd, 0)
         lock = cls(fd)
         lock.note("trainer", run_id)
@@ -221,6 +241,18 @@ def _holders(fd: int) -> list[dict[str, Any]]:
             if isinstance(record, dict):
                 found.append(record)
     return found
+
+
+def _draining_publisher(run_id: str, holders: list[dict[str, Any]]) -> int | None:
+    """The pid of the publisher process still holding the lock of run ``run_id`` on this host once its
+    trainer has exited (None: another run holds it, or its trainer runs, or it is not known)."""
+    trainer = next((h for h in holders if h.get("role") == "trainer"), {})
+    publisher = next((h for h in reversed(holders) if h.get("role") == "publisher"), None)
+    if (publisher is None or trainer.get("run_id") != run_id or not run_id
+            or _alive(trainer.get("pid"), trainer.get("host")) is not False
+            or _alive(publisher.get("pid"), publisher.get("host")) is not True):
+        return None
+    return int(publisher["pid"])
 
 
 def _alive(pid: Any, host: Any) -> bool | None:
