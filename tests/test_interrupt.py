@@ -165,3 +165,24 @@ threading.Thread(target=train).start()
     client = MlflowClient(f"sqlite:///{tmp_path / 'run' / 'mlflow.db'}")
     [run] = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
     assert run.info.status == "FINISHED"
+
+
+def test_a_run_left_open_beside_a_live_process_pool_still_exits(tmp_path):
+    """A process pool's manager thread ends in its own exit hook, after the one that closes the run: the
+    close does not wait for it (the interpreter would never exit)."""
+    script = tmp_path / "train.py"
+    script.write_text(f"""
+import concurrent.futures
+from posttrain_metrics.callbacks import MetricsCallback
+
+cb = MetricsCallback(adapters=["trainer"], out_dir={str(tmp_path / "run")!r}, sinks=[{{"type": "journal"}}],
+                     publisher="inline")
+pool = concurrent.futures.ProcessPoolExecutor(1)
+assert pool.submit(abs, -3).result() == 3
+cb.on_chunk_end({{"grad_norm": 1.0}})
+cb.on_window_end(1)
+""")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+    subprocess.run([sys.executable, str(script)], env=env, check=True, capture_output=True, timeout=60)
+    end = read_journal(tmp_path / "run" / "journal.jsonl").end
+    assert end is not None and end["status"] == "finished"

@@ -85,8 +85,10 @@ def _close_before_threads_stop(pub: Publisher) -> None:
             return
         # As atexit would: after the program's own threads (a training thread the main one started), not
         # the executors' workers, which wait for the exit hook that stops them.
-        while True:
+        while True:  # executors' threads (thread and process pools) end in their own exit hooks, after ours
             workers = set(getattr(futures_thread, "_threads_queues", {}))
+            pools = sys.modules.get("concurrent.futures.process")
+            workers.update(getattr(pools, "_threads_wakeups", {}) if pools is not None else {})
             others = [t for t in threading.enumerate() if not t.daemon and t is not threading.current_thread()
                       and t is not threading.main_thread() and t not in workers]
             if not others:
