@@ -186,3 +186,23 @@ cb.on_window_end(1)
     subprocess.run([sys.executable, str(script)], env=env, check=True, capture_output=True, timeout=60)
     end = read_journal(tmp_path / "run" / "journal.jsonl").end
     assert end is not None and end["status"] == "finished"
+
+
+def test_an_error_recorded_before_the_run_started_is_not_its_end_reason(tmp_path):
+    """An interactive session (IPython, the REPL) keeps its last error in sys.last_value: one from before
+    the run started does not make a run closed at exit failed."""
+    script = tmp_path / "train.py"
+    script.write_text(f"""
+import sys
+from posttrain_metrics.callbacks import MetricsCallback
+
+sys.last_value = NameError("name 'x' is not defined")  # an earlier cell's typo
+cb = MetricsCallback(adapters=["trainer"], out_dir={str(tmp_path / "run")!r}, sinks=[{{"type": "journal"}}],
+                     publisher="inline")
+cb.on_chunk_end({{"grad_norm": 1.0}})
+cb.on_window_end(1)
+""")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+    subprocess.run([sys.executable, str(script)], env=env, check=True, capture_output=True, timeout=60)
+    end = read_journal(tmp_path / "run" / "journal.jsonl").end
+    assert end is not None and (end["status"], end.get("reason")) == ("finished", None)

@@ -253,6 +253,7 @@ class Publisher:
         self.empty_frames = 0  # frames with no metrics: journal only (see the module docstring)
         self._nonfinite: dict[tuple[str, str], int] = {}
         self._closed = False
+        self._earlier_error: object = None  # sys.last_value when the run started (see _at_exit)
         self.after_close = 0  # frames published after close(): warned once, not recorded
         self._close_kw: dict[str, frozenset[str]] = {}  # per sink, the keywords its close() takes
 
@@ -341,6 +342,8 @@ class Publisher:
                     raise
             if self.journal_path is not None and "journal" not in self.unstarted:
                 self._start_followers()
+            # An error already recorded as the last one (an interactive session's earlier error) did not end this run
+            self._earlier_error = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
             atexit.register(self._at_exit)
             _close_before_threads_stop(self)
         return run
@@ -390,6 +393,8 @@ class Publisher:
         # An uncaught exception leaves sys.last_value (sys.last_exc from 3.12) set by the time
         # interpreter exit runs this: the run failed, or was interrupted (Ctrl-C), and that says why.
         crashed = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+        if crashed is self._earlier_error:
+            crashed = None
         self.close(error=crashed if isinstance(crashed, BaseException) else None)
 
     def publish(self, frame: Frame) -> None:
