@@ -423,13 +423,15 @@ def _given_up(replica: Replica, grace: float) -> None:
 
 def finish_command(replica: Replica) -> str:
     """The command that sends a replica's tracker what it lacks: ``publish`` where the run wrote its
-    sinks file (a publisher process), else (a follower thread: no sinks file) ``export --to`` its kind."""
+    sinks file (a publisher process), else (a follower thread: no sinks file) ``export --to`` its kind,
+    for the trackers ``export`` knows."""
     from .process import sinks_path
 
     journal = shlex.quote(str(replica.path))
-    if sinks_path(replica.path).exists():
-        return f"posttrain-metrics publish {journal}"
-    return f"posttrain-metrics export {journal} --to {type(replica.sink).name} [TARGET]"
+    kind = type(replica.sink).name
+    if sinks_path(replica.path).exists() or kind not in ("tensorboard", "mlflow", "wandb"):
+        return f"posttrain-metrics publish {journal}"  # (a sink of yours: neither command knows it)
+    return f"posttrain-metrics export {journal} --to {kind} [TARGET]"
 
 
 def _last_try(stuck: Sequence[Replica]) -> bool:
