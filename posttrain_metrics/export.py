@@ -248,7 +248,7 @@ def _replay(journal: AnyJournal, to: str, target: str | None, *, quiet: bool, ba
             replica.end, replica.end_reason = status, str(journal.end.get("reason", "")) if journal.end else ""
             replica.close(status if status in STATUSES else "finished")
         progress.done()
-    if replica.written == 0:
+    if replica.written == 0 and replica.gaps_written == 0:
         print(f"nothing to export: all {total} frames of run {journal.run_id} are already in {where}", file=out)
         return 0
     pub = replica.publisher
@@ -260,6 +260,8 @@ def _replay(journal: AnyJournal, to: str, target: str | None, *, quiet: bool, ba
             "again: it sends only what is missing"
         )
     tables = f", {replica.samples_written} steps of sample completions" if replica.samples_written else ""
+    if replica.gaps_written:
+        tables += f", {replica.gaps_written} gap{'s' if replica.gaps_written != 1 else ''} (the steps it misses)"
     print(f"exported {replica.written} of {total} frames of run {journal.run_id} to {where} "
           f"({replica.skipped} were already there; run {status}{tables})", file=out)
     return 0

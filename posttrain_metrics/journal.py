@@ -143,6 +143,9 @@ _MOVED = tuple(kind for kind in RunFile if kind is not RunFile.LOCK)
 """What a set-aside journal takes with it: everything of its run."""
 
 
+RESUME_WAIT = 180.0
+"""How long a resumed run waits for the publisher process of its previous attempt (see :meth:`RunLock.take`)."""
+
 LOCK_FD_ENV = "POSTTRAIN_METRICS_LOCK_FD"
 """The descriptor, in the publisher process, of its run's lock (:class:`RunLock`), inherited from the trainer."""
 
@@ -164,19 +167,36 @@ class RunLock:
         self.fd = fd
 
     @classmethod
-    def take(cls, path: Path, run_id: str) -> RunLock | None:
-        """The lock of ``path`` for run ``run_id``, or a :class:`MetricsError` naming the run that holds it."""
+    def take(cls, path: Path, run_id: str, *, resume_wait: float = RESUME_WAIT) -> RunLock | None:
+        """The lock of ``path`` for run ``run_id``, or a :class:`MetricsError` naming the run that holds it.
+
+        A resumed run (the same run id) whose previous attempt's trainer has exited while its publisher
+        process still sends that journal to the trackers (a job restarted at once after a crash) waits
+        for that publisher, up to ``resume_wait`` seconds, instead of being refused: it finishes by
+        itself, and the resumed run then appends to the same journal."""
         try:
             import fcntl
         except ImportError:  # pragma: no cover - no flock on this platform
             return None
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holders = _holders(fd)
-            os.close(fd)
-            raise MetricsError(_refusal(path, run_id, holders)) from None
+        deadline = None
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                holders = _holders(fd)
+                draining = _draining_publisher(run_id, holders)
+                if draining is not None and deadline is None and resume_wait > 0:
+                    deadline = time.monotonic() + resume_wait
+                    emit_warning(f"journal {path.with_name(path.name[: -len('.lock')])}: the previous attempt of run "
+                                 f"{run_id!r} has exited and its publisher process (pid {draining}) still sends "
+                                 f"that journal to the trackers; this resumed run waits for it (up to "
+                                 f"{resume_wait:g} s)", stacklevel=4)
+                if draining is None or deadline is None or time.monotonic() >= deadline:
+                    os.close(fd)
+                    raise MetricsError(_refusal(path, run_id, holders)) from None
+                time.sleep(0.2)
         os.ftruncate(fd, 0)
         lock = cls(fd)
         lock.note("trainer", run_id)
@@ -209,6 +229,18 @@ def _holders(fd: int) -> list[dict[str, Any]]:
             if isinstance(record, dict):
                 found.append(record)
     return found
+
+
+def _draining_publisher(run_id: str, holders: list[dict[str, Any]]) -> int | None:
+    """The pid of the publisher process still holding the lock of run ``run_id`` on this host once its
+    trainer has exited (None: another run holds it, or its trainer runs, or it is not known)."""
+    trainer = next((h for h in holders if h.get("role") == "trainer"), {})
+    publisher = next((h for h in reversed(holders) if h.get("role") == "publisher"), None)
+    if (publisher is None or trainer.get("run_id") != run_id or not run_id
+            or _alive(trainer.get("pid"), trainer.get("host")) is not False
+            or _alive(publisher.get("pid"), publisher.get("host")) is not True):
+        return None
+    return int(publisher["pid"])
 
 
 def _alive(pid: Any, host: Any) -> bool | None:
@@ -276,6 +308,7 @@ class JournalSink:
         self._gap: Gap | None = None  # the frames not kept since the backlog was full
         self.gaps: list[Gap] = []  # every gap of the run, written or not: the end record lists them
         self._fault = ""  # the error of the write that failed, while writes fail
+        self._head = b""  # the header (a full disk at the start), written before anything else
         self.lock: RunLock | None = None
 
     def start(self, run: RunInfo) -> None:
@@ -298,9 +331,7 @@ class JournalSink:
         self._set_aside_other_run(run.run_id)
         torn = self.path.exists() and self.path.stat().st_size > 0 and not self._ends_with_newline()
         self._file.open()
-        if torn:  # a crash mid-line: end that line so that the resumed run's lines stay whole
-            self._file.append(b"\n")
-        self._line(
+        header = _json_line(
             {
                 "format": FORMAT,
                 "version": VERSION,
@@ -314,6 +345,13 @@ class JournalSink:
                 **({"extra": {k: dict(v) for k, v in run.extra.items()}} if run.extra else {}),
             }
         )
+        # a crash mid-line: end that line so that the resumed run's lines stay whole
+        head = (b"\n" if torn else b"") + header
+        try:
+            self._file.append(head)
+        except OSError as exc:  # a disk full from the start: the header is held like a frame, written first
+            self._head = head
+            self._failed(exc)
 
     def _ends_with_newline(self) -> bool:
         with open(self.path, "rb") as f:
@@ -356,9 +394,9 @@ class JournalSink:
         if self._file.closed:
             raise MetricsError(f"journal {self.path} is not open; fix: call start() before write()")
         line = self._frame_line(frame)
-        if self._held or self._gap is not None:
+        if self._head or self._held or self._gap is not None:
             self._catch_up()
-        if not self._held and self._gap is None:
+        if not self._head and not self._held and self._gap is None:
             try:
                 self._file.append(line)
             except OSError as exc:
@@ -411,7 +449,13 @@ class JournalSink:
 
     def _catch_up(self) -> bool:
         """Write the held frames, then the gap record, in order; whether all of it is written."""
-        written = 0
+        written, head = 0, bool(self._head)
+        if self._head:
+            try:
+                self._file.append(self._head)
+            except OSError:
+                return False
+            self._head = b""
         while self._held:
             _, _, line = self._held[0]
             try:
@@ -428,7 +472,7 @@ class JournalSink:
             except OSError:
                 return False
             self._gap = None
-        if written or gap is not None:
+        if written or head or gap is not None:
             lost = f"; {gap.describe()} could not be kept: recorded as a gap" if gap is not None else ""
             emit_warning(f"journal {self.path} is written again: {written} held frames are in it{lost}", stacklevel=5)
         self._fault = ""
@@ -456,7 +500,7 @@ class JournalSink:
         the gaps (``missing``)."""
         if self._file.closed:
             return
-        if (self._held or self._gap is not None) and not self._catch_up():
+        if (self._head or self._held or self._gap is not None) and not self._catch_up():
             self._give_up_held()
         status = "interrupted" if interrupted else "failed" if failed else "finished"
         end: dict[str, Any] = {"kind": "end", "run_id": self._run_id, "status": status, "time": time.time()}
@@ -464,7 +508,9 @@ class JournalSink:
             end["reason"] = reason
         if self.gaps:
             end["missing"] = missing_summary(g.record(self._run_id) for g in self.gaps)
-        lines = [_json_line(self._gap.record(self._run_id))] if self._gap is not None else []
+        lines = [self._head] if self._head else []
+        if self._gap is not None:
+            lines.append(_json_line(self._gap.record(self._run_id)))
         try:
             self._file.append(b"".join((*lines, _json_line(end))))
             if self.fsync != "never":

@@ -184,3 +184,72 @@ def test_a_disk_still_full_at_close_names_the_missing_steps_and_the_trackers_mar
     content = session.PluginTagToContent(hparams_metadata.PLUGIN_NAME)
     start = hparams_metadata.parse_session_start_info_plugin_data(content[hparams_metadata.SESSION_START_INFO_TAG])
     assert start.hparams["posttrain_metrics/status"].string_value == "killed"
+
+
+def _run_on_a_filling_disk(out: Path, full: set[int], monkeypatch, *, start: bool = True,
+                           full_at_start: bool = False, mode: str = "inline", sinks=None) -> None:
+    """A run of steps 1-10 whose journal cannot be written at the steps of ``full`` (ENOSPC, made in
+    process: LineFile.append of the journal fails), nor at its start when ``full_at_start``."""
+    import errno
+    import warnings
+
+    from posttrain_metrics import lines
+    from posttrain_metrics.callbacks import MetricsCallback
+
+    append, state = lines.LineFile.append, {"full": full_at_start}
+
+    def failing(self, data):
+        if state["full"] and self.path.name == "journal.jsonl":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return append(self, data)
+
+    monkeypatch.setattr(lines.LineFile, "append", failing)
+    cb = MetricsCallback(adapters=["trainer"], out_dir=out, run_name="fill", run_id="fill01", publisher=mode,
+                         sinks=sinks or [{"type": "journal", "backlog_bytes": 0}], close_timeout=120)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with cb:
+            if start:
+                cb.on_run_start({"seed": 1})
+            for step in range(1, 11):
+                state["full"] = step in full or (full_at_start and step == 1)
+                cb.on_chunk_end({"grad_norm": step / 8, "learning_rate": 1e-3})
+                cb.on_window_end(step)
+            state["full"] = False
+
+
+def test_export_of_a_journal_with_a_gap_counts_frames_not_the_gap_point(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "run"
+    _run_on_a_filling_disk(out, {4, 5, 6}, monkeypatch)
+    assert [(g["first_step"], g["last_step"]) for g in read_journal(out / "journal.jsonl").gaps] == [(4, 6)]
+    capsys.readouterr()
+    for target in ("tensorboard", "mlflow"):
+        where = str(tmp_path / "tb") if target == "tensorboard" else f"sqlite:///{tmp_path / 'x.db'}"
+        assert export(open_journal(out / "journal.jsonl"), target, where, quiet=True) == 0
+        said = capsys.readouterr().out
+        assert "exported 7 of 7 frames" in said and "1 gap" in said, said
+        assert export(open_journal(out / "journal.jsonl"), target, where, quiet=True) == 0
+        said = capsys.readouterr().out
+        assert "nothing to export: all 7 frames" in said, said
+
+
+@pytest.mark.parametrize("mode", ["inline", "thread", "process"])
+def test_a_disk_full_when_the_run_starts_holds_the_header_and_loses_no_frame(tmp_path, monkeypatch, mode):
+    out = tmp_path / "run"
+    sinks = [{"type": "journal"}, {"type": "tensorboard"}]
+    _run_on_a_filling_disk(out, {1, 2, 3}, monkeypatch, full_at_start=True, mode=mode, sinks=sinks)
+    journal = read_journal(out / "journal.jsonl")
+    assert journal.run_id == "fill01" and [f.step for f in journal.frames] == list(range(1, 11))
+    assert journal.gaps == [] and journal.end is not None and journal.end["status"] == "finished"
+    acc = EventAccumulator(str(only_run(out / "tensorboard")), size_guidance={"scalars": 0})
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("train/grad_norm")] == list(range(1, 11))
+
+
+def test_a_disk_full_from_the_start_past_the_backlog_is_a_gap_from_step_one(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    _run_on_a_filling_disk(out, {1, 2, 3}, monkeypatch, full_at_start=True)
+    journal = read_journal(out / "journal.jsonl")
+    assert [f.step for f in journal.frames] == list(range(4, 11))
+    assert [(g["first_step"], g["last_step"], g["frames"]) for g in journal.gaps] == [(1, 3, 3)]
+    assert journal.end is not None and journal.end["missing"] == {"frames": 3, "steps": [[1, 3]]}

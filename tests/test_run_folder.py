@@ -10,6 +10,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -375,3 +376,43 @@ def test_a_bad_out_dir_is_checked_only_on_the_rank_that_writes_it(tmp_path: Path
     monkeypatch.setenv("RANK", "1")  # the launcher's rank, before torch.distributed starts
     cb = MetricsCallback(adapters=["trainer"], out_dir="/proc/1/nope", sinks=[{"type": "journal"}])
     assert cb.out_dir == Path("/proc/1/nope") and not Path("/proc/1/nope").exists()
+
+
+def _lock_held_by_a_draining_publisher(lock: Path, run_id: str, seconds: float) -> subprocess.Popen[str]:
+    """A lock as a killed trainer leaves it: its trainer (a process that has exited) listed first, then its
+    publisher, a real process that holds the flock for ``seconds`` more and exits."""
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)
+    host = socket.gethostname()
+    holder = subprocess.Popen([sys.executable, "-c", f"""
+import fcntl, json, os, sys, time
+fd = os.open({str(lock)!r}, os.O_RDWR | os.O_CREAT, 0o644)
+fcntl.flock(fd, fcntl.LOCK_EX)
+os.ftruncate(fd, 0)
+for role, pid in (("trainer", {int(dead.stdout)}), ("publisher", os.getpid())):
+    os.write(fd, (json.dumps({{"role": role, "pid": pid, "host": {host!r}, "run_id": {run_id!r}}}) + "\\n").encode())
+print("held", flush=True)
+time.sleep({seconds})
+"""], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def test_a_resumed_run_waits_for_its_previous_attempts_publisher_instead_of_failing(tmp_path: Path) -> None:
+    """A job restarted at once after a crash (same run id) finds the previous attempt's publisher still
+    draining the journal: it waits for it and starts; another run is still refused at once."""
+    from posttrain_metrics.journal import RunLock
+
+    lock = tmp_path / "journal.jsonl.lock"
+    holder = _lock_held_by_a_draining_publisher(lock, "resumed01", 2.0)
+    try:
+        with pytest.raises(MetricsError, match="still sending"):
+            RunLock.take(lock, "another01")
+        started = time.monotonic()
+        with pytest.warns(UserWarning, match=re.escape(f"publisher process (pid {holder.pid}) still sends")):
+            taken = RunLock.take(lock, "resumed01")
+        assert taken is not None and time.monotonic() - started < 60
+        taken.release()
+    finally:
+        holder.kill()
+        holder.wait()

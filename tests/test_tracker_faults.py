@@ -273,19 +273,32 @@ def closed_journal(path: Path, steps: int) -> None:
     pub.close()
 
 
-def test_a_tracker_that_never_comes_up_is_named_with_the_command_that_finishes_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("publisher", ["process", "thread"])
+def test_a_tracker_that_never_comes_up_is_named_with_the_command_that_finishes_it(tmp_path: Path,
+                                                                                  publisher: str) -> None:
     """Nothing listens on the tracker's port for the whole run: the publisher retries its start until
-    ``grace`` after the run's end, then names it as never started, with the publish command; it is not
-    counted as failed twice."""
+    ``grace`` after the run's end, then names it as never started, with the command that finishes it
+    (``publish`` beside the sinks file a publisher process has; a follower thread has none: ``export``);
+    it is not counted as failed twice."""
+    from posttrain_metrics.publication.process import sinks_path
+
     journal = tmp_path / "journal.jsonl"
     closed_journal(journal, 5)
+    if publisher == "process":
+        sinks_path(journal).write_text(json.dumps({"sinks": [{"type": "mlflow"}]}))
+    command = (f"posttrain-metrics publish {journal}" if publisher == "process"
+               else f"posttrain-metrics export {journal} --to mlflow")
     sink = MlflowSink(tracking_uri=f"http://127.0.0.1:{free_port()}", http_max_retries=0, http_timeout=2)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = follow(journal, [sink], follow=False, grace=4.0, report=False, record=False)
     said = [str(w.message) for w in caught]
     never = [m for m in said if "never started" in m]
-    assert len(never) == 1 and f"posttrain-metrics publish {journal}" in never[0], said
+    assert len(never) == 1 and command in never[0], said
+    if publisher == "thread":
+        from posttrain_metrics.cli import main
+
+        assert main(["publish", str(journal)]) != 0  # the command it would have named cannot work there
     assert sum("its start is retried" in m for m in said) == 1, said
     assert result["unstarted"] == ["mlflow"] and result["failures"] == {"mlflow": 1}
     assert result["sinks"]["mlflow"]["written"] == 0

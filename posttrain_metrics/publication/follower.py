@@ -38,6 +38,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import shlex
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -181,6 +182,7 @@ class Replica:
         self.header: dict[str, Any] | None = None
         self.written = 0  # frames this replica sent
         self.skipped = 0  # frames the target already held
+        self.gaps_written = 0  # gap points (health/missing_steps) sent: not frames of the journal
         self.frames = 0  # journal frames processed (sent, held already, or empty)
         self.end: str | None = None  # the status of the last end record read, None while the run goes on
         self.closed = False
@@ -239,7 +241,7 @@ class Replica:
                 self.end = None
                 self._send(record.frame)
             elif record.kind == "gap" and record.gap is not None:
-                self._send(self.gaps.frame(record.gap))
+                self._send(self.gaps.frame(record.gap), gap=True)
             elif record.kind == "header" and record.header is not None:
                 self.end = None
                 if self.publisher is None:
@@ -250,8 +252,9 @@ class Replica:
                 self.end = record.status
                 self.end_reason = record.reason
 
-    def _send(self, frame: Frame) -> None:
-        """One frame to the sink, unless the target holds it already."""
+    def _send(self, frame: Frame, *, gap: bool = False) -> None:
+        """One frame to the sink, unless the target holds it already; ``gap``: a gap's point, counted
+        apart from the journal's frames (``written`` and ``skipped`` count frames only)."""
         if self.publisher is None:
             raise MetricsError(f"{self.path}: a frame before the journal header")
         if not frame.metrics:
@@ -260,8 +263,11 @@ class Replica:
             if self.publisher.run is None:
                 self._start_sink()
             self.publisher.publish(frame)
-            self.written += 1
-        else:
+            if gap:
+                self.gaps_written += 1
+            else:
+                self.written += 1
+        elif not gap:
             self.skipped += 1
 
     def _prepare(self, header: dict[str, Any]) -> None:
@@ -405,14 +411,27 @@ def _given_up(replica: Replica, grace: float) -> None:
     name = replica.sink.name
     if replica.waiting and replica.retry is not None:
         warn(f"{name}: never started ({replica.retry.failures} attempts over {replica.retry.waited():.0f} s; "
-             f"its tracker could not be reached), so it was sent no frame of this run. `posttrain-metrics "
-             f"publish {replica.path}` sends them all", stacklevel=3)
+             f"its tracker could not be reached), so it was sent no frame of this run. `{finish_command(replica)}` "
+             "sends them all", stacklevel=3)
         return
     if replica.publisher is not None:
         replica.publisher.failures[name] = replica.publisher.failures.get(name, 0) + 1
     warn(f"{name}: its tracker took no frame for {grace:g} s after the run ended; the frames of the journal "
-         f"from line {replica.tail.line_number + 1} on were not sent to it. `posttrain-metrics publish "
-         f"{replica.path}` sends what it lacks", stacklevel=3)
+         f"from line {replica.tail.line_number + 1} on were not sent to it. `{finish_command(replica)}` "
+         "sends what it lacks", stacklevel=3)
+
+
+def finish_command(replica: Replica) -> str:
+    """The command that sends a replica's tracker what it lacks: ``publish`` where the run wrote its
+    sinks file (a publisher process), else (a follower thread: no sinks file) ``export --to`` its kind,
+    for the trackers ``export`` knows."""
+    from .process import sinks_path
+
+    journal = shlex.quote(str(replica.path))
+    kind = type(replica.sink).name
+    if sinks_path(replica.path).exists() or kind not in ("tensorboard", "mlflow", "wandb"):
+        return f"posttrain-metrics publish {journal}"  # (a sink of yours: neither command knows it)
+    return f"posttrain-metrics export {journal} --to {kind} [TARGET]"
 
 
 def _last_try(stuck: Sequence[Replica]) -> bool:

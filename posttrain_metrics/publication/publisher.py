@@ -32,6 +32,7 @@ and close the trackers; what is left is reported with the command that finishes 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import inspect
 import json
 import math
@@ -59,6 +60,44 @@ __all__ = ["MODES", "Publisher", "display_frame", "end_reason", "nonfinite_kind"
 
 MODES = ("process", "thread", "inline")
 
+
+
+def _close_before_threads_stop(pub: Publisher) -> None:
+    """Close a run left open at the interpreter's exit before ``atexit`` would, at the first step of the
+    exit (threading's own exit hooks), once the program's other threads are done. The trackers of the
+    ``inline`` and ``thread`` modes run in this process, with threads and executors of their own: by the
+    time ``atexit`` runs, these are shut down (``cannot schedule new futures after shutdown``, ``can't
+    register atexit after shutdown``), so a run closed by ``atexit`` (an uncaught exception, Ctrl-C, no
+    ``with``) left its MLflow run RUNNING and reached no tracker that had not started yet.
+    ``concurrent.futures.thread`` is imported now (it cannot be imported then; its own exit hook, which
+    stops the executors, must be registered before ours so that it runs after)."""
+    import concurrent.futures.thread as futures_thread
+    import weakref
+
+    register = getattr(threading, "_register_atexit", None)
+    if register is None:  # pragma: no cover - CPython has it from 3.9
+        return
+    ref = weakref.ref(pub)
+
+    def close() -> None:
+        live = ref()
+        if live is None or live._closed:
+            return
+        # As atexit would: after the program's own threads (a training thread the main one started), not
+        # the executors' workers, which wait for the exit hook that stops them.
+        while True:  # executors' threads (thread and process pools) end in their own exit hooks, after ours
+            workers = set(getattr(futures_thread, "_threads_queues", {}))
+            pools = sys.modules.get("concurrent.futures.process")
+            workers.update(getattr(pools, "_threads_wakeups", {}) if pools is not None else {})
+            others = [t for t in threading.enumerate() if not t.daemon and t is not threading.current_thread()
+                      and t is not threading.main_thread() and t not in workers]
+            if not others:
+                break
+            others[0].join()
+        live._at_exit()
+
+    with contextlib.suppress(RuntimeError):  # already shutting down: atexit closes it
+        register(close)
 
 
 def end_reason(error: BaseException) -> str:
@@ -214,6 +253,7 @@ class Publisher:
         self.empty_frames = 0  # frames with no metrics: journal only (see the module docstring)
         self._nonfinite: dict[tuple[str, str], int] = {}
         self._closed = False
+        self._earlier_error: object = None  # sys.last_value when the run started (see _at_exit)
         self.after_close = 0  # frames published after close(): warned once, not recorded
         self._close_kw: dict[str, frozenset[str]] = {}  # per sink, the keywords its close() takes
 
@@ -307,7 +347,10 @@ class Publisher:
                     raise
             if self.journal_path is not None and "journal" not in self.unstarted:
                 self._start_followers()
+            # An error already recorded as the last one (an interactive session's earlier error) did not end this run
+            self._earlier_error = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
             atexit.register(self._at_exit)
+            _close_before_threads_stop(self)
         return run
 
     def _start_followers(self) -> None:
@@ -355,6 +398,8 @@ class Publisher:
         # An uncaught exception leaves sys.last_value (sys.last_exc from 3.12) set by the time
         # interpreter exit runs this: the run failed, or was interrupted (Ctrl-C), and that says why.
         crashed = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+        if crashed is self._earlier_error:
+            crashed = None
         self.close(error=crashed if isinstance(crashed, BaseException) else None)
 
     def publish(self, frame: Frame) -> None:
@@ -410,6 +455,8 @@ class Publisher:
             return
         self._closed = True
         atexit.unregister(self._at_exit)
+        if isinstance(error, SystemExit) and error.code in (None, 0):
+            error, failed = None, False  # sys.exit(0) in the run's block: a run that finished
         if error is not None:
             status = status or ("interrupted" if isinstance(error, KeyboardInterrupt) else "failed")
             reason = reason or end_reason(error)
@@ -455,9 +502,11 @@ class Publisher:
         if not never or self.journal_path is None:
             return
         fix = (f"`{self.process.command()}` sends them" if self.process is not None
-               else f"`posttrain-metrics export {self.journal_path} --to KIND` replays them into a tracker")
-        warn(f"tracker(s) {never} never started during the run (unreachable at its start and at every "
-             f"retry); they hold none of its frames, which the journal keeps: {fix}",
+               else f"`posttrain-metrics export {self.journal_path} --to KIND [TARGET]` replays them into a tracker")
+        when = "at its start and at every retry" if self.process is not None or self._thread is not None else (
+            "at its start; an inline sink's start is not retried")
+        warn(f"tracker(s) {never} never started during the run (unreachable {when}); they hold none of its "
+             f"frames, which the journal keeps: {fix}",
              stacklevel=user_stacklevel())
 
     def _merge(self, report: Mapping[str, Any]) -> None:
