@@ -32,6 +32,7 @@ SLOW_PARAMS = frozenset({("backend", "server"), ("mode", "process")})
 SPAWNS = frozenset({
     # a test id without [params] covers all its parameters
     "tests/test_counters_in_step.py::test_gloo_ranks_raise_together_and_stay_in_step",
+    "tests/test_run_folder.py::test_a_resumed_run_waits_for_its_previous_attempts_publisher_instead_of_failing",
     "tests/test_export.py::test_export_to_mlflow_and_wandb_is_as_quiet_as_a_live_run",
     "tests/test_integrations_mlflow.py::test_the_run_spans_the_training_not_the_publishers_drain",
     "tests/test_redaction.py::test_the_publisher_process_log_is_private_and_holds_no_uri_password",
