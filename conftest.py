@@ -17,11 +17,17 @@ at the root (not in ``tests/``) so that it covers the package's doctests too.
 from __future__ import annotations
 
 import multiprocessing.process
+import platform
 import sys
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
+# platform.uname()'s processor runs `uname -p` once per process, on first use: MLflow's telemetry asks
+# for it when mlflow is first imported, so whichever fast test imported mlflow first would be flagged.
+# Asked here, before any test, the answer is cached.
+platform.uname().processor  # noqa: B018
 
 SLOW_FIXTURES = frozenset({"mlflow_server"})
 """Fixtures that start a server (or a process) for the test that uses them."""

@@ -299,7 +299,7 @@ def test_a_trackers_store_planted_as_a_symlink_is_not_written_through(tmp_path: 
             cb.on_chunk_end({"grad_norm": 1.0, "learning_rate": 0.001})
             cb.on_window_end(1)
     assert victim.stat().st_size == 0 and os.listdir(elsewhere) == ["theirs"]
-    assert any("resolves to" in str(w.message) and "outside" in str(w.message) for w in caught)
+    assert any("resolves to" in str(w.message) and "outside" in str(w.message) for w in caught), [str(w.message) for w in caught]
     assert [f.step for f in read_journal(out / "journal.jsonl").frames] == [1]  # training went on
 
 
