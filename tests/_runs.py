@@ -7,7 +7,11 @@ tested on exactly what the core publishes.
 from __future__ import annotations
 
 import math
+import os
 import random
+import subprocess
+import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -314,3 +318,35 @@ def gloo_rank(scenario: Any, rank: int, store: str, results: Any, world: int = 2
     except Exception:
         out["crash"] = traceback.format_exc()
     results.put((rank, out))
+
+
+def expected_series(frames: Sequence[Frame]) -> dict[str, list[tuple[int, float]]]:
+    """Per numeric key, the (step, value) points a tracker must hold: label indicators added, bools as
+    0/1, absent keys absent (from :func:`tracked`, independent of the publisher)."""
+    out: dict[str, list[tuple[int, float]]] = {}
+    for frame in frames:
+        for key, value in tracked(frame).items():
+            if not isinstance(value, str):
+                out.setdefault(key, []).append((frame.step, float(value)))
+    return out
+
+
+def wait_for(what: str, condition: Any, timeout: float = 120, proc: subprocess.Popen[bytes] | None = None,
+             log: Path | None = None) -> None:
+    """Poll ``condition`` until it holds; an AssertionError naming ``what`` after ``timeout`` seconds, or
+    at once with the end of ``log`` when the trainer ``proc`` exited first."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc is not None and proc.poll() is not None and log is not None:
+            raise AssertionError(f"the trainer exited ({proc.returncode}) before {what}: {log.read_text()[-3000:]}")
+        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
+        time.sleep(0.02)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

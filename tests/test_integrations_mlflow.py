@@ -28,7 +28,16 @@ except ImportError as exc:  # fail, never skip: the MLflow sink is part of the p
     ) from exc
 
 from _mlflow_server import SERVER_STORES, free_port
-from _runs import GRPO_ADAPTERS, LABELLED, dpo_run, grpo_run, hand_frames, nonfinite_frame, ppo_run, tracked
+from _runs import (
+    GRPO_ADAPTERS,
+    LABELLED,
+    dpo_run,
+    expected_series,
+    grpo_run,
+    hand_frames,
+    nonfinite_frame,
+    ppo_run,
+)
 
 from posttrain_metrics import Frame
 from posttrain_metrics.core.keys import describe
@@ -125,15 +134,6 @@ def history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, floa
     return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
 
 
-def expected_series(frames: Sequence[Frame], pub: Publisher) -> dict[str, list[tuple[int, float]]]:
-    """Per numeric key, the (step, value) points trackers should show: label indicators added,
-    bools as 0/1, absent keys absent."""
-    out: dict[str, list[tuple[int, float]]] = {}
-    for frame in frames:
-        for key, value in tracked(frame).items():  # _runs.tracked: independent of the publisher
-            if not isinstance(value, str):
-                out.setdefault(key, []).append((frame.step, float(value)))
-    return out
 
 
 def assert_history(client: MlflowClient, run_id: str, expected: Mapping[str, list[tuple[int, float]]]) -> None:
@@ -157,7 +157,7 @@ def test_grpo_every_key_every_step(backend: Backend, tmp_path: Path, mode: str) 
     client = MlflowClient(sink.tracking_uri)
     run = client.get_run(sink.run_id)
 
-    expected = expected_series(frames, pub)
+    expected = expected_series(frames)
     assert len(expected) > 30
     assert_history(client, run.info.run_id, expected)
     # the outcome: a tag with the last label, and 0/1 series per label that chart
@@ -221,9 +221,9 @@ def test_failed_run_is_failed(backend: Backend, tmp_path: Path, mode: str) -> No
 def test_ppo_critic_warmup_has_no_policy_points(backend: Backend, tmp_path: Path) -> None:
     frames = ppo_run(steps=4, warmup=2)
     sink = backend.make()
-    pub = publish(sink, frames, "ppo", tmp_path / "journal.jsonl")
+    publish(sink, frames, "ppo", tmp_path / "journal.jsonl")
     client = MlflowClient(sink.tracking_uri)
-    expected = expected_series(frames, pub)
+    expected = expected_series(frames)
     assert_history(client, sink.run_id, expected)
     for key in ("train/policy_loss", "train/clip_fraction", "optim/policy_optimizer_step"):
         assert [s for s, _ in history(client, sink.run_id, key)] == [3, 4], key  # absent, not 0
@@ -233,9 +233,9 @@ def test_ppo_critic_warmup_has_no_policy_points(backend: Backend, tmp_path: Path
 def test_dpo_train_and_val(backend: Backend, tmp_path: Path) -> None:
     frames = dpo_run(steps=3)
     sink = backend.make()
-    pub = publish(sink, frames, "dpo", tmp_path / "journal.jsonl")
+    publish(sink, frames, "dpo", tmp_path / "journal.jsonl")
     client = MlflowClient(sink.tracking_uri)
-    assert_history(client, sink.run_id, expected_series(frames, pub))
+    assert_history(client, sink.run_id, expected_series(frames))
     for key in ("train/loss_avg", "val/loss_avg", "train/dpo_accuracy", "val/dpo_accuracy"):
         assert [s for s, _ in history(client, sink.run_id, key)] == [1, 2, 3], key
 
@@ -518,7 +518,7 @@ def test_dead_server_costs_the_sink_not_the_step(tmp_path: Path, mlflow_server: 
         assert pub.failures == {}
         assert sink.unconfirmed == 0 and not sink.degraded
         assert [s for s, _ in history(client, sink.run_id, "train/loss_avg")] == list(range(1, 11))
-        assert_history(client, sink.run_id, expected_series(frames, pub))
+        assert_history(client, sink.run_id, expected_series(frames))
         assert client.get_run(sink.run_id).info.status == "FINISHED"
     finally:
         outage.down()

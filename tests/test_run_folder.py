@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _runs import pid_alive, wait_for
 
 from posttrain_metrics import MetricsError
 from posttrain_metrics.callbacks import MetricsCallback
@@ -65,19 +66,8 @@ def frames_in(path: Path) -> int:
         return 0
 
 
-def wait_for(what: str, condition: Any, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
-        time.sleep(0.05)
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def publisher_pid(journal: Path) -> int:
@@ -122,7 +112,7 @@ def test_a_second_trainer_is_refused_while_a_run_is_live_and_a_killed_run_frees_
             first.kill()
             first.wait()
     publisher = publisher_pid(journal)
-    wait_for("the first run's publisher to drain and exit", lambda: not alive(publisher))
+    wait_for("the first run's publisher to drain and exit", lambda: not pid_alive(publisher))
     killed = [f.step for f in read_journal(journal).frames]
     code, err = finished(trainer(tmp_path, out, "third", 3))
     assert code == 0, err[-2000:]
@@ -159,7 +149,7 @@ def test_a_killed_runs_publisher_still_draining_holds_the_folder_until_it_exits(
         if first.poll() is None:
             first.kill()
             first.wait()
-    wait_for("the publisher to drain and exit", lambda: not alive(publisher))
+    wait_for("the publisher to drain and exit", lambda: not pid_alive(publisher))
     killed = [f.step for f in read_journal(journal).frames]
     code, err = finished(trainer(tmp_path, out, "third", 2))
     assert code == 0, err[-2000:]

@@ -40,7 +40,7 @@ from urllib.parse import urlsplit
 
 import pytest
 from _mlflow_server import SERVER_STORES, free_port, start_server, stop_server
-from _runs import GRPO_ADAPTERS, grpo_chunk, tensorboard_run, tracked
+from _runs import GRPO_ADAPTERS, expected_series, grpo_chunk, pid_alive, tensorboard_run, wait_for
 from mlflow import MlflowClient
 
 from posttrain_metrics import Frame, MetricReducer
@@ -86,14 +86,6 @@ class Loop:
         return t2 - t1
 
 
-def expected_series(frames: Sequence[Frame], pub: Publisher) -> dict[str, list[tuple[int, float]]]:
-    """Per numeric key, the (step, value) points a tracker must hold: label indicators, bools as 0/1."""
-    out: dict[str, list[tuple[int, float]]] = {}
-    for frame in frames:
-        for key, value in tracked(frame).items():  # _runs.tracked: independent of the publisher
-            if not isinstance(value, str):
-                out.setdefault(key, []).append((frame.step, float(value)))
-    return out
 
 
 def mlflow_series(client: MlflowClient, run_id: str) -> dict[str, list[tuple[int, float]]]:
@@ -174,7 +166,7 @@ def test_a_killed_mlflow_server_restarted_later_holds_every_step_once(
         assert err.count("is degraded") == 1, err[-3000:]  # one warning, not one per step
         assert "answers again" in err, err[-3000:]
         assert pub.failures == {} and pub.process.restarts == 0
-        assert_every_step_once(mlflow_series(client, run_id), expected_series(loop.frames, pub))
+        assert_every_step_once(mlflow_series(client, run_id), expected_series(loop.frames))
         assert client.get_run(run_id).info.status == "FINISHED"
         figure(f"outage: {down_steps} steps while the server was down ({up_at - killed_at:.1f} s, restart "
                f"included); max publish while down {1000 * max_down_publish:.2f} ms; close drained in "
@@ -284,7 +276,7 @@ def test_a_tracker_that_answers_after_2_s_costs_the_steps_nothing(tmp_path: Path
     assert proxy.requests >= 3  # the requests really went through the slow proxy
     client = MlflowClient(mlflow_server)
     run_id = mlflow_run_of(pub)
-    assert_every_step_once(mlflow_series(client, run_id), expected_series(loop.frames, pub))
+    assert_every_step_once(mlflow_series(client, run_id), expected_series(loop.frames))
     assert client.get_run(run_id).info.status == "FINISHED"
     figure(f"slow tracker (2 s per request): 20 steps in {total_s:.2f} s (0.40 s of it the simulated "
            f"compute); reduce+publish per step median {1000 * statistics.median(loop.step_s):.2f} ms, max "
@@ -358,22 +350,8 @@ def publisher_status(journal: Path) -> dict[str, Any]:
         return {}
 
 
-def wait_for(what: str, condition: Any, timeout: float, proc: subprocess.Popen[bytes] | None = None,
-             log: Path | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if proc is not None and proc.poll() is not None and log is not None:
-            raise AssertionError(f"the trainer exited ({proc.returncode}) before {what}: {log.read_text()[-3000:]}")
-        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
-        time.sleep(0.02)
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def assert_trackers_hold(out: Path, journal: Any, status: str) -> None:
@@ -385,8 +363,7 @@ def assert_trackers_hold(out: Path, journal: Any, status: str) -> None:
     from posttrain_metrics.integrations.wandb import STATUS_KEY
     from posttrain_metrics.integrations.wandb_reader import read_offline_run
 
-    pub = Publisher([], adapters=journal.adapters)
-    want = expected_series(journal.frames, pub)
+    want = expected_series(journal.frames)
     tb = tensorboard_series(tensorboard_run(out))
     assert set(tb) == set(want)
     for key, points in want.items():
