@@ -29,6 +29,9 @@ The package, in the order a frame meets it:
   itself: step order, torn lines, gaps, how the run ended);
 - ``table``: :data:`CHECKS` and :func:`run_checks`, the offline doctor;
 - ``report``: :func:`format_findings`, text or JSON.
+
+A new check is a ``_Watch`` in its family's file, its threshold (with why) in ``thresholds``, and
+a row in :data:`CHECKS`; its test goes in ``tests/test_health.py``, one journal showing the pathology.
 """
 
 from __future__ import annotations
