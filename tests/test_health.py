@@ -15,6 +15,7 @@ from posttrain_metrics import Frame
 from posttrain_metrics.cli import main
 from posttrain_metrics.doctor import (
     CHECKS,
+    Doctor,
     Finding,
     Severity,
     config_int,
@@ -102,6 +103,27 @@ def test_check_table_ids_are_unique_and_documented():
     ids = [c.id for c in CHECKS]
     assert len(ids) == len(set(ids))
     assert all(c.reads and c.threshold for c in CHECKS)
+
+
+def test_the_doctor_takes_frames_one_at_a_time_and_may_be_asked_after_any(tmp_path):
+    # What a live doctor needs (issue 27): fed a frame at a time and asked after each, it ends with
+    # the offline doctor's findings, and each finding is there from the frame that fires it on.
+    frames = [*nonfinite_skips(healthy(), [5, 6, 7, 8]), nonfinite_frame(13)]
+    journal = read_journal(write_journal(tmp_path / "journal.jsonl", frames))
+    live = Doctor(journal, CHECKS)
+    assert live.counting == ("length_budget", "logprob_gap_rising", "logprob_gap_no_data", "dpo_accuracy_flat")
+    for frame in journal.frames:
+        live.count(frame)
+    first: dict[str, int] = {}
+    for frame in journal.frames:
+        live.see(frame)
+        for finding in live.findings():
+            first.setdefault(finding.check, frame.step)
+    assert live.findings() == run_checks(journal)
+    # zero-gradient skip at 3 (the healthy run's); skips with an infinite grad_norm from 5, the third
+    # in a row at 7; a NaN loss on an applied update at 13
+    assert first == {"zero_grad_skips": 3, "update_skipped": 5, "nonfinite_values": 5,
+                     "nonfinite_in_a_row": 7, "nonfinite_applied": 13}
 
 
 # -- one test per check: fires on the pathology, silent on the healthy run ----------------------------------

@@ -100,8 +100,6 @@ LIMIT = 520
 ONE_JOB = {
     "demo/grpo_toy.py": "the demo's toy GRPO trainer (model, rollouts, loss): one job, read top to bottom",
     "journal.py": "TO SPLIT (issue 26 item 4)",
-    "doctor.py": "TO SPLIT (issue 26 item 5)",
-    "plot.py": "TO SPLIT (issue 26 item 5)",
     "integrations/tensorboard.py": "TO SPLIT (issue 26 item 5)",
     "integrations/mlflow.py": "TO SPLIT (issue 26 item 5)",
     "core/layout.py": "the packed buffer layout of one collective: one job",

@@ -1,0 +1,271 @@
+"""Trend checks: a series' first or last quarter against the rest (truncation against the token
+budget, the logprob gap, DPO accuracy), and the logprob gap's data. Each counts its series in a first
+pass, so that it keeps a quarter of the series, not the series."""
+
+from __future__ import annotations
+
+import array
+import math
+import statistics
+from collections.abc import Iterator
+
+from ..core.frame import Frame
+from .engine import Severity, _fmt, _Hit, _number, _Run, _Watch, config_int
+from .thresholds import (
+    BASELINE_FRACTION,
+    BUDGET_CONFIG_NAMES,
+    DPO_ACCURACY,
+    DPO_CHANCE,
+    DPO_MIN_RISE,
+    GAP_COUNT,
+    GAP_MEAN,
+    GAP_P99,
+    GAP_RISE_FACTOR,
+    GAP_RISE_MIN,
+    LEN_MAX,
+    TREND_MIN_FRAMES,
+    TRUNCATED,
+    TRUNCATION_RISE,
+    VALID_SEQ,
+    VALID_TOKENS,
+)
+
+
+class _Series:
+    """Part of a trend check's series: ``(step, value)`` points in 16 bytes each (two arrays)."""
+
+    def __init__(self) -> None:
+        self.steps: array.array[int] = array.array("q")
+        self.values: array.array[float] = array.array("d")
+
+    def add(self, step: int, value: float) -> None:
+        self.steps.append(step)
+        self.values.append(value)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def points(self) -> Iterator[tuple[int, float]]:
+        return zip(self.steps, self.values)
+
+
+class _Trend(_Watch):
+    """A trend check: one series (:meth:`value` of a train frame) whose first or last quarter is compared
+    with the rest. The first pass counts the series' points, so the main pass knows where the quarter
+    ends as it goes and keeps that quarter only (8-16 bytes a point), not the series."""
+
+    counts = True
+
+    def __init__(self) -> None:
+        self.n = 0  # the series' points, counted in the first pass
+        self.i = 0  # the points seen so far in the main pass
+
+    def value(self, frame: Frame) -> float | None:
+        raise NotImplementedError
+
+    def count(self, frame: Frame) -> None:
+        if self.value(frame) is not None:
+            self.n += 1
+
+    @property
+    def quarter(self) -> int:
+        """The points of the series' baseline (its first ``BASELINE_FRACTION``, at least one)."""
+        return max(1, math.ceil(self.n * BASELINE_FRACTION))
+
+
+class _LengthBudget(_Trend):
+    def __init__(self, run: _Run) -> None:
+        super().__init__()
+        self.config = run.config
+        self.longest: float | None = None  # the run's longest response (the first pass)
+        self.budget: tuple[int, str] | None = None  # and where it comes from, settled at the main pass
+        self.first: array.array[float] = array.array("d")  # the baseline's values
+        self.base = 0.0
+        self.risen = array.array("q")
+        self.peak = -math.inf
+
+    def value(self, frame: Frame) -> float | None:
+        return _number(frame.metrics.get(TRUNCATED))
+
+    def count(self, frame: Frame) -> None:
+        super().count(frame)
+        length = _number(frame.metrics.get(LEN_MAX))
+        if length is not None:
+            self.longest = length if self.longest is None else max(self.longest, length)
+
+    def _budget(self, longest: float) -> tuple[int, str]:
+        budget, where = config_int(self.config, BUDGET_CONFIG_NAMES, prefer="rollout")
+        if budget is None:
+            return int(longest), f"the run's longest response ({where}; set rollout/max_tokens in the config to be exact)"
+        return budget, where
+
+    def see(self, frame: Frame) -> None:
+        value = self.value(frame)
+        if value is None or self.n < TREND_MIN_FRAMES or self.longest is None:
+            return
+        if self.budget is None:
+            self.budget = self._budget(self.longest)
+        self.i += 1
+        if self.i <= self.quarter:
+            self.first.append(value)
+            if self.i == self.quarter:
+                self.base = statistics.fmean(self.first)
+                self.first = array.array("d")
+            return
+        length = _number(frame.metrics.get(LEN_MAX))
+        if value >= self.base + TRUNCATION_RISE and length is not None and length >= self.budget[0]:
+            self.risen.append(frame.step)
+            self.peak = max(self.peak, value)
+
+    def hits(self) -> Iterator[_Hit]:
+        if not self.risen or self.budget is None:
+            return
+        budget, where = self.budget
+        yield _Hit(
+            self.risen,
+            f"rollout_truncated_frac rose from {_fmt(self.base)} (first {BASELINE_FRACTION:.0%} of steps) to up "
+            f"to {_fmt(self.peak)} with response_len_max pinned at the budget {budget} (from {where}): responses "
+            "are running into the token budget, and each cut completion is scored on an unfinished answer",
+            "raise rollout.max_tokens, add a length penalty, or mask cut completions out of the loss "
+            "(rl.mask_truncated_completions; train/valid_sequence_count then drops)",
+            (TRUNCATED, LEN_MAX, VALID_SEQ),
+        )
+
+
+class _LogprobGapRising(_Trend):
+    def __init__(self, run: _Run) -> None:
+        super().__init__()
+        self.first = _Series()  # the baseline's points, until the baseline is known
+        self.floor = math.inf
+        self.base = 0.0
+        self.risen = array.array("q")
+        self.peak = -math.inf
+
+    def value(self, frame: Frame) -> float | None:
+        # a gap over no tokens (a count of 0) is no measurement; a gap without a count is one
+        value, count = _number(frame.metrics.get(GAP_MEAN)), _number(frame.metrics.get(GAP_COUNT))
+        return value if count is None or count > 0 else None
+
+    def see(self, frame: Frame) -> None:
+        value = self.value(frame)
+        if value is None or self.n < TREND_MIN_FRAMES:
+            return
+        self.i += 1
+        if self.i < self.quarter:
+            self.first.add(frame.step, value)
+            return
+        if self.i == self.quarter:  # the baseline is known: judge its own points, then the rest as they come
+            self.first.add(frame.step, value)
+            self.base = statistics.median(self.first.values)
+            self.floor = max(GAP_RISE_FACTOR * self.base, self.base + GAP_RISE_MIN)
+            for step, v in self.first.points():
+                self._judge(step, v)
+            self.first = _Series()
+            return
+        self._judge(frame.step, value)
+
+    def _judge(self, step: int, value: float) -> None:
+        if value >= self.floor:
+            self.risen.append(step)
+            self.peak = max(self.peak, value)
+
+    def hits(self) -> Iterator[_Hit]:
+        if not self.risen:
+            return
+        yield _Hit(
+            self.risen,
+            f"the train/infer logprob gap rose from {_fmt(self.base)} to {_fmt(self.peak)} nats: on an MoE "
+            "policy a rising gap is the routing-flip collapse signature (GSPO, Rollout Routing Replay); on a "
+            "dense model it should stay at kernel and precision noise",
+            "MoE: replay the rollout's routing (rl.routing_replay=rollout) or use sequence-level ratios "
+            "(GSPO); do not use rollout logprobs as pi_old while the gap is large; dense: compare the "
+            "engine's and the trainer's precision and kernels",
+            (GAP_MEAN, GAP_P99, GAP_COUNT),
+        )
+
+
+class _LogprobGapNoData(_Watch):
+    # A step with no loss tokens (every group tied and masked out) has nothing to compare: its
+    # count is 0 without saying anything about the producer, so it is not counted either way. The
+    # first pass counts; the steps are kept only when some, not all, are empty (the finding names them).
+    counts = True
+
+    def __init__(self, run: _Run) -> None:
+        self.counted = self.empties = 0
+        self.empty = array.array("q")
+
+    def _empty(self, frame: Frame) -> bool | None:
+        """Whether the frame's gap count is 0; None when the frame does not count."""
+        count = _number(frame.metrics.get(GAP_COUNT))
+        tokens = _number(frame.metrics.get(VALID_TOKENS))
+        if count is None or (tokens is not None and tokens <= 0):
+            return None
+        return count == 0
+
+    def count(self, frame: Frame) -> None:
+        empty = self._empty(frame)
+        if empty is not None:
+            self.counted += 1
+            self.empties += empty
+
+    def see(self, frame: Frame) -> None:
+        if 0 < self.empties < self.counted and self._empty(frame):
+            self.empty.append(frame.step)
+
+    def hits(self) -> Iterator[_Hit]:
+        if not self.empties:
+            return
+        keys = (GAP_COUNT, GAP_MEAN)
+        if self.empties == self.counted:
+            yield _Hit(
+                (),
+                "logprob_gap_token_count is 0 at every step: the rollout records no logprobs, so the "
+                "logprob_gap_* keys read 0.0 for lack of data, not for lack of a gap",
+                "to measure train/infer consistency use a rollout that records logprobs (vLLM always does; "
+                "HFRollout(capture_logprobs=True))",
+                keys,
+            )
+            return
+        yield _Hit(
+            self.empty,
+            f"logprob_gap_token_count is 0 at {self.empties} of {self.counted} steps: the gap there is 0.0 "
+            "for lack of data, not for lack of a gap, and the producer records logprobs only sometimes",
+            "find which rollout produced those batches; read the gap only where the count is positive",
+            keys,
+            Severity.WARNING,
+        )
+
+
+class _DpoAccuracy(_Trend):
+    def __init__(self, run: _Run) -> None:
+        super().__init__()
+        self.tail = _Series()  # the last quarter's points
+
+    def value(self, frame: Frame) -> float | None:
+        return _number(frame.metrics.get(DPO_ACCURACY))
+
+    def see(self, frame: Frame) -> None:
+        value = self.value(frame)
+        if value is None or self.n < TREND_MIN_FRAMES:
+            return
+        self.i += 1
+        if self.i > self.n - self.quarter:
+            self.tail.add(frame.step, value)
+
+    def hits(self) -> Iterator[_Hit]:
+        tail = self.tail
+        if not len(tail):
+            return
+        level = statistics.fmean(tail.values)
+        if level >= DPO_CHANCE + DPO_MIN_RISE:
+            return
+        below = level <= DPO_CHANCE - DPO_MIN_RISE
+        yield _Hit(
+            tail.steps,
+            f"train/dpo_accuracy averages {_fmt(level)} over the last {len(tail)} steps: it has not risen "
+            f"from chance ({DPO_CHANCE})"
+            + ("; below chance, the policy prefers the rejected samples" if below else ""),
+            ("check that winner and loser are not swapped in the data; " if below else "")
+            + "check the learning rate, beta and the reference model (dpo_reward_margin, dpo_err_*)",
+            (DPO_ACCURACY,),
+        )
