@@ -1,5 +1,6 @@
-"""Regenerate the README's generated blocks: the catalogue table (`posttrain-metrics keys --markdown`)
-and the two example blocks (examples/grpo_callback.yaml, the loop of examples/grpo_loop.py)."""
+"""Regenerate the generated blocks: the catalogue table (`posttrain-metrics keys --markdown`) in
+docs/semantics.md, and the README's two example blocks (examples/grpo_callback.yaml, the loop of
+examples/grpo_loop.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+SEMANTICS = ROOT / "docs" / "semantics.md"
+FILES = (README, SEMANTICS)  # each holds the markers of some blocks
 
 
 def example_loop() -> str:
@@ -42,8 +45,11 @@ def blocks() -> dict[str, str]:
 
 
 def sync(text: str) -> str:
+    """``text`` with every block whose markers it holds regenerated."""
     for name, body in blocks().items():
         start, end = f"<!-- {name}:start -->\n", f"<!-- {name}:end -->"
+        if start not in text:
+            continue
         head, rest = text.split(start, 1)
         text = head + start + body + end + rest.split(end, 1)[1]
     return text
@@ -51,5 +57,6 @@ def sync(text: str) -> str:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))  # this checkout's package, as `python -m` from the root would import
-    README.write_text(sync(README.read_text()))
-    print("README: catalogue and examples regenerated")
+    for path in FILES:
+        path.write_text(sync(path.read_text()))
+    print("README examples and docs/semantics.md catalogue regenerated")
