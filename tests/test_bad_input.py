@@ -1039,7 +1039,7 @@ STRICT: dict[str, tuple[dict[str, Any], dict[str, Any], str | None, str]] = {
 @pytest.fixture(params=["orjson", "json"])
 def journal_parser(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Journal readers parse frame lines with orjson when it is installed, else json: both are tested."""
-    import posttrain_metrics.journal as journal_module
+    import posttrain_metrics.journal.format as journal_module
 
     if request.param == "json":
         monkeypatch.setattr(journal_module, "_orjson", None)

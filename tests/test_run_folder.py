@@ -27,7 +27,7 @@ from posttrain_metrics.callbacks import MetricsCallback
 from posttrain_metrics.cli import main
 from posttrain_metrics.integrations.mlflow import RUN_ID_TAG
 from posttrain_metrics.journal import read_journal
-from posttrain_metrics.samples import read_samples
+from posttrain_metrics.journal.samples import read_samples
 
 TRAIN = """
 import sys, time

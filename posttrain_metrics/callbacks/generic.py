@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..callbacks.samples import MAX_CHARS, cut, kept_rows, offer, settle
 from ..core import distributed
 from ..core.errors import MetricsError, user_stacklevel
 from ..core.extra import check_disjoint, normalise, user_adapters
@@ -36,13 +37,12 @@ from ..core.frame import Frame
 from ..core.layout import RefusedChunk
 from ..core.redact import redact_text
 from ..core.reducer import AdapterSpec, MetricReducer, resolve_adapters
-from ..core.samples import MAX_CHARS, Histogram, Samples, cut, kept_rows, offer, settle
 from ..core.warn import warn
 from ..integrations.base import Sink
 from ..integrations.console import check_total_steps
 from ..integrations.factory import build_sink, check_callback, check_writable, plain, safe_name
+from ..journal.samples import Histogram, Samples, SamplesFile, samples_path
 from ..publication import Publisher
-from ..samples import SamplesFile, samples_path
 
 __all__ = ["MetricsCallback", "build_callback"]
 
@@ -229,7 +229,7 @@ class MetricsCallback:
         and any column of yours), on every rank when torch.distributed is initialised (collective:
         each rank passes its own rows, an empty list if it has none). Rank 0 keeps at most
         ``samples_per_step`` of them, whole groups, chosen deterministically
-        (:func:`~posttrain_metrics.core.samples.select`; text cut at ``sample_max_chars``), appends them
+        (:func:`~posttrain_metrics.callbacks.samples.select`; text cut at ``sample_max_chars``), appends them
         to the samples file beside the journal and publishes them (a W&B Table, an MLflow table, a
         TensorBoard text), with histograms of the ``reward``, ``advantage`` and ``response_len``
         columns over every row offered (TensorBoard and W&B). Returns them on rank 0, ``None``
@@ -261,7 +261,7 @@ class MetricsCallback:
     ) -> tuple[int, list[dict[str, Any]], dict[str, list[float]], int] | None:
         """The step, the chosen rows of every rank (rank order), the histogram columns' numbers of every
         row offered and how many were offered: on rank 0 (``None`` elsewhere). Two collectives under
-        torch.distributed: every rank's :class:`~posttrain_metrics.core.samples.Offer` (group sizes,
+        torch.distributed: every rank's :class:`~posttrain_metrics.callbacks.samples.Offer` (group sizes,
         a bad row's message) to every rank, which all choose the same groups over the whole batch or
         all raise the same MetricsError; then only the chosen rows and the numbers, to rank 0."""
         mine_offer, mine, numbers = offer(step, rows)

@@ -55,7 +55,7 @@ def write_record(journal: Path) -> list[Path]:
     folder = record_dir(journal)
     folder.mkdir(parents=True, exist_ok=True)
     files: list[Path] = [journal]
-    from ..samples import samples_path
+    from ..journal.samples import samples_path
 
     if samples_path(journal).is_file():
         files.append(samples_path(journal))  # the sample completions, when the run published some
