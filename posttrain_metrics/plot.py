@@ -28,11 +28,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .core.catalog import get_adapter
 from .core.errors import MetricsError
 from .core.keys import describe
 from .core.redact import redact_text
 from .doctor import BUDGET_CONFIG_NAMES, Finding, JournalLike, Severity, config_int, step_ranges
+from .journal import header_adapter
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -427,13 +427,13 @@ def _band(a: _Points | None, b: _Points | None) -> tuple[Series, Series]:
     return [(s, x) for s, (x, _) in ordered if x == x], [(s, y) for s, (_, y) in ordered if y == y]
 
 
-def _headline_keys(adapters: Iterable[str]) -> tuple[dict[str, str], set[str]]:
+def _headline_keys(header: Mapping[str, Any]) -> tuple[dict[str, str], set[str]]:
     """Headline keys of the run's adapters (key -> unit) and the adapters this process lacks."""
     heads: dict[str, str] = {}
     unknown = set()
-    for name in adapters:
+    for name in header.get("adapters", []):
         try:
-            adapter = get_adapter(name)
+            adapter = header_adapter(header, name)  # rebuilt from the header's declarations
         except MetricsError:
             unknown.add(name)  # a user adapter not registered here: its keys still plot by leaf
             continue
@@ -461,7 +461,7 @@ def dashboard(journal: JournalLike, findings: Sequence[Finding], output_path: st
         raise MetricsError(f"plot output {str(path)!r} is not a .png file; fix: name it FILE.png")
     figure_cls, canvas_cls = _import_matplotlib()
     data = _Data(journal)
-    heads, unknown = _headline_keys(journal.adapters)
+    heads, unknown = _headline_keys(journal.header)
     panels = _choose_panels(data, heads)
     strips = sorted(data.labels)
     marked = [f for f in findings if f.steps]

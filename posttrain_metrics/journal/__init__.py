@@ -1,7 +1,8 @@
 """The run's record on disk: one package, one validator.
 
 - :mod:`.format`: the record shapes (header, frame, gap, end), the version, the files a run keeps
-  beside its journal (:class:`RunFile`), the adapters' declarations the header carries
+  beside its journal (:class:`RunFile`)
+- :mod:`.declarations`: every adapter's declarations, carried by the header (a journal alone rebuilds its run)
 - :mod:`.writer`: :class:`JournalSink` (the training side's writer) and :class:`RunLock`
 - :mod:`.check`: :class:`LineCheck`, the one reading of a line, shared by the reader and the tail
 - :mod:`.reader`: a whole journal (:func:`read_journal`, :func:`open_journal`)
@@ -10,7 +11,8 @@
 - :mod:`.samples`: the samples file beside the journal
 """
 
-from .check import LineCheck, header_adapters
+from .check import LineCheck, header_adapter, header_adapters
+from .declarations import adapter_declaration, adapter_declarations, adapter_from_declaration
 from .format import (
     FORMAT,
     MAX_HEADER_DEPTH,
@@ -30,6 +32,7 @@ from .writer import BACKLOG_BYTES, LOCK_FD_ENV, JournalSink, RunLock
 __all__ = [
     "BACKLOG_BYTES", "FORMAT", "LOCK_FD_ENV", "MAX_HEADER_DEPTH", "SAFE_RUN_ID", "VERSION", "FramesOnDisk", "Gap",
     "Journal", "JournalOnDisk", "JournalSink", "JournalTail", "LineCheck", "PhaseSpan", "Record", "RunFile", "RunLock",
-    "describe_gap", "gap_problem", "header_adapters", "journal_closed", "last_header", "missing_summary", "nesting",
+    "adapter_declaration", "adapter_declarations", "adapter_from_declaration", "describe_gap", "gap_problem",
+    "header_adapter", "header_adapters", "journal_closed", "last_header", "missing_summary", "nesting",
     "open_journal", "read_journal",
 ]

@@ -12,12 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from ..core.adapter import MetricAdapter
+from ..core.catalog import get_adapter
 from ..core.errors import MetricsError
 from ..core.extra import user_adapters
 from ..core.frame import Frame
 from ..core.keys import KeyInfo, describe
-from ..core.reducer import resolve_adapters
 from ..core.values import MAX_EXACT_INT, Scalar
+from .declarations import adapter_from_declaration
 from .format import (
     _INT64,
     FORMAT,
@@ -29,6 +30,8 @@ from .format import (
     gap_problem,
     nesting,
 )
+
+__all__ = ["LineCheck", "header_adapter", "header_adapters"]
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -118,17 +121,27 @@ def _plain_frame(record: Mapping[str, Any], metrics: Mapping[str, Scalar], keys:
     return True
 
 
+def header_adapter(header: Mapping[str, Any], name: str) -> MetricAdapter:
+    """The adapter ``name`` of a journal header, rebuilt from its declaration (see
+    :mod:`~.declarations`); a header written before declarations were recorded names catalogue
+    adapters, found by name (a :class:`MetricsError` names one that is not)."""
+    declared = header.get("declarations") or {}
+    if name in declared:
+        return adapter_from_declaration(name, declared[name])
+    return get_adapter(name)
+
+
 def header_adapters(header: Mapping[str, Any]) -> tuple[MetricAdapter, ...]:
     """The adapters a journal header names, then the user's own keys it declares (``extra``), rebuilt
-    here: a registered adapter is found by name, a user key from its declaration alone."""
+    from the header alone (:func:`header_adapter`)."""
     names = list(header.get("adapters", []))
     extra = user_adapters(header.get("extra", {}))
-    return (*(resolve_adapters(names) if names else ()), *extra)
+    return (*(header_adapter(header, name) for name in names), *extra)
 
 
 def _catalogue(header: Mapping[str, Any]) -> dict[str, KeyInfo]:
-    """The declared keys of the journal's adapters; empty when one is not registered here (the
-    command line refuses such a journal, naming the adapter and the fix)."""
+    """The declared keys of the journal's adapters; empty when one cannot be rebuilt (an old header
+    naming an adapter the catalogue lacks: the command line refuses such a journal, naming it)."""
     try:
         return describe(header_adapters(header))
     except MetricsError:
@@ -148,6 +161,8 @@ def _check_header(path: Path, header: Mapping[str, Any]) -> None:
         problem = f"adapters {adapters!r:.80} is not a list of adapter names"
     elif not isinstance(header.get("config", {}), dict):
         problem = f"config {header.get('config')!r:.80} is not a JSON object"
+    elif not isinstance(header.get("declarations", {}), dict):
+        problem = f"declarations {header.get('declarations')!r:.80} is not a JSON object of adapter declarations"
     elif not isinstance(header.get("extra", {}), dict):
         problem = f"extra {header.get('extra')!r:.80} is not a JSON object of key declarations"
     elif "created" in header and not _finite_number(header["created"]):

@@ -3,11 +3,11 @@
 Format ``posttrain-metrics-journal`` version 1, one JSON object per line:
 
 - header: ``{"format": "posttrain-metrics-journal", "version": 1, "kind": "header", "run_id",
-  "name", "created", "adapters": [...], "config": {nested, redacted}, "trackers": {"wandb":
-  {"project", "entity"}}}``; older journals hold the config flat (``a/b`` keys) and no trackers,
-  and read the same (``Journal.config`` is flat either way); plus ``"extra": {key: {"reduction":
-  ..., ...}}`` when the run declares its own keys (:mod:`~posttrain_metrics.core.extra`: readers rebuild
-  those adapters from it, see :func:`header_adapters`)
+  "name", "created", "adapters": [...], "declarations": {adapter: {...}}, "config": {nested,
+  redacted}, "trackers": {"wandb": {"project", "entity"}}}``: every adapter's declarations
+  (:mod:`~posttrain_metrics.journal.declarations`), from which readers rebuild the run's adapters
+  (a header without them names catalogue adapters); plus ``"extra": {key: {"reduction": ...,
+  ...}}`` when the run declares its own keys (:mod:`~posttrain_metrics.core.extra`)
 - frame: ``{"kind": "frame", "run_id", "step", "phase", "time", "metrics": {key: value}}`` where a
   value is a number, a bool, a label string, or ``{"$float": "NaN" | "Infinity" | "-Infinity"}`` for
   a non-finite float (strict JSON, exact round trip)
@@ -39,6 +39,8 @@ from typing import Any
 
 from ..core.values import MAX_EXACT_INT, Scalar
 from ..integrations.factory import run_path
+
+__all__ = ["FORMAT", "MAX_HEADER_DEPTH", "SAFE_RUN_ID", "VERSION", "Gap", "RunFile", "describe_gap", "gap_problem", "missing_summary", "nesting"]
 
 _orjson: Any = None
 try:  # optional: a faster encoder for the frame lines (the training thread's cost), same JSON

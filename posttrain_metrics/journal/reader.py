@@ -17,6 +17,8 @@ from ..core.warn import warn as emit_warning
 from .check import LineCheck
 from .format import FORMAT
 
+__all__ = ["FramesOnDisk", "Journal", "JournalOnDisk", "PhaseSpan", "open_journal", "read_journal"]
+
 
 class _Header:
     """What a journal's header says, for both ways of reading a journal (:class:`Journal`,
@@ -34,20 +36,17 @@ class _Header:
 
     @property
     def config(self) -> dict[str, Any]:
-        """The run config flat (``rl/n_mini``), whether the header holds it nested (version 1 since
-        the nested config) or flat (older journals)."""
+        """The run config flat (``rl/n_mini``); the header holds it nested."""
         return dict(flatten_config(self.header.get("config", {})))
 
     @property
     def config_tree(self) -> dict[str, Any]:
-        """The run config as the header holds it: nested, lists and ``None`` kept (an older journal:
-        flat)."""
+        """The run config as the header holds it: nested, lists and ``None`` kept."""
         return dict(self.header.get("config", {}))
 
     @property
     def trackers(self) -> dict[str, Any]:
-        """Each tracker sink's settings when the run started (``{"wandb": {"project", "entity"}}``);
-        empty for an older journal."""
+        """Each tracker sink's settings when the run started (``{"wandb": {"project", "entity"}}``)."""
         trackers = self.header.get("trackers", {})
         return dict(trackers) if isinstance(trackers, dict) else {}
 

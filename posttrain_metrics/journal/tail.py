@@ -15,6 +15,8 @@ from ..core.frame import Frame
 from .check import LineCheck
 from .format import FORMAT
 
+__all__ = ["JournalTail", "Record", "journal_closed", "last_header"]
+
 
 @dataclasses.dataclass
 class Record:

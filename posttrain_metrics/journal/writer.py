@@ -24,6 +24,8 @@ from . import format as _format
 from .format import FORMAT, VERSION, Gap, RunFile, _encode, _json_line, missing_summary
 from .lines import LineFile
 
+__all__ = ["BACKLOG_BYTES", "LOCK_FD_ENV", "RESUME_WAIT", "JournalSink", "RunLock"]
+
 _FSYNC = ("close", "step", "never")
 BACKLOG_BYTES = 16 << 20
 """How many bytes of frame lines a journal holds in memory while its disk is full (see JournalSink)."""
@@ -230,6 +232,7 @@ class JournalSink:
                 "name": run.name,
                 "created": run.started,
                 "adapters": list(run.adapters),
+                "declarations": {name: dict(d) for name, d in run.declarations.items()},
                 "config": dict(run.config_tree),
                 "trackers": {name: dict(settings) for name, settings in run.trackers.items()},
                 **({"extra": {k: dict(v) for k, v in run.extra.items()}} if run.extra else {}),
