@@ -1,7 +1,6 @@
 """The one validator of journal lines (:class:`LineCheck`), shared by the file reader and the live
 tail: what a line must be for ``export`` to replay it faithfully."""
 
-
 from __future__ import annotations
 
 import json

@@ -24,7 +24,6 @@ torn last one, which readers skip with a warning. ``fsync`` says when lines are 
 The journal is plain data, never pickle: reading one executes nothing.
 """
 
-
 from __future__ import annotations
 
 import dataclasses
@@ -40,7 +39,10 @@ from typing import Any
 from ..core.values import MAX_EXACT_INT, Scalar
 from ..integrations.factory import run_path
 
-__all__ = ["FORMAT", "MAX_HEADER_DEPTH", "SAFE_RUN_ID", "VERSION", "Gap", "RunFile", "describe_gap", "gap_problem", "missing_summary", "nesting"]
+__all__ = [
+    "FORMAT", "MAX_HEADER_DEPTH", "SAFE_RUN_ID", "VERSION", "Gap", "RunFile", "describe_gap", "gap_problem",
+    "missing_summary", "nesting",
+]
 
 _orjson: Any = None
 try:  # optional: a faster encoder for the frame lines (the training thread's cost), same JSON
@@ -52,9 +54,10 @@ except ImportError:  # pragma: no cover - exercised where orjson is absent
 
 FORMAT = "posttrain-metrics-journal"
 VERSION = 1
+
+# Run ids end up in file names (W&B's run-<id>.wandb, a TensorBoard log_dir with {run_id}) and in
 # tracker queries: letters, digits, '_', '-', '.', not starting with '.' or '-'.
 SAFE_RUN_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")  # matched with fullmatch
-
 
 
 def _encode(value: Scalar) -> Any:
@@ -104,7 +107,7 @@ class RunFile(enum.Enum):
     (:func:`~posttrain_metrics.integrations.factory.run_path`): one that resolves elsewhere through a
     symlink is a :class:`MetricsError`, never written through."""
 
-    SAMPLES = "{stem}.samples.jsonl"  # the completions the run published (posttrain_metrics.samples)
+    SAMPLES = "{stem}.samples.jsonl"  # the completions the run published (journal.samples)
     RECORD = "{name}.record"  # the run's record folder, attached at close (publication.artifacts)
     STATUS = "{name}.publisher.json"  # the publisher's progress and run handles (publication.follower)
     SINKS = "{name}.sinks.json"  # the tracker sinks' configs for the publisher (publication.process)

@@ -1,7 +1,6 @@
 """Reading a whole journal (``export``, ``doctor``, ``plot``): :func:`read_journal` holds its frames,
 :func:`open_journal` reads them again at each pass; every line is checked by :class:`~.check.LineCheck`."""
 
-
 from __future__ import annotations
 
 import dataclasses
@@ -133,7 +132,6 @@ class JournalOnDisk(_Header):
     phases: dict[str, PhaseSpan]
     gaps: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     """The gap records (see :class:`Journal`)."""
-
 
 
 def _lines(path: Path, size: int | None = None,

@@ -1,7 +1,6 @@
 """Following a journal as it grows (the publisher's reader): :class:`JournalTail` reads each new line
 with the reader's own :class:`~.check.LineCheck`."""
 
-
 from __future__ import annotations
 
 import dataclasses

@@ -1,7 +1,6 @@
 """Writing a run's journal: :class:`JournalSink` (one flushed line per frame, a bounded backlog and gap
 records on a full disk) and :class:`RunLock` (one live run per journal)."""
 
-
 from __future__ import annotations
 
 import collections
