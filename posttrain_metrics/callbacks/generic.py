@@ -29,7 +29,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..callbacks.samples import MAX_CHARS, cut, kept_rows, offer, settle
 from ..core import distributed
 from ..core.errors import MetricsError, user_stacklevel
 from ..core.extra import check_disjoint, normalise, user_adapters
@@ -43,6 +42,7 @@ from ..integrations.console import check_total_steps
 from ..integrations.factory import build_sink, check_callback, check_writable, plain, safe_name
 from ..journal.samples import Histogram, Samples, SamplesFile, samples_path
 from ..publication import Publisher
+from .samples import MAX_CHARS, cut, kept_rows, offer, settle
 
 __all__ = ["MetricsCallback", "build_callback"]
 
@@ -66,9 +66,9 @@ class MetricsCallback:
     ``total_steps`` (the run's optimizer steps, when known) makes the console line read ``step/total``
     with an ETA; trainer callbacks set it from the trainer's ``max_steps`` (:meth:`set_total_steps`).
     ``extra`` declares your own keys in one line each (``{"my/tokens_per_s": "mean", "my/oom_retries":
-    "sum"}``, see :mod:`posttrain_metrics.core.extra`), as does :meth:`declare`. Neither they nor your own ``MetricAdapter`` objects need an import elsewhere:
-    the journal header declares every adapter, so the publisher process, ``export``, ``doctor`` and ``plot``
-    rebuild the run from the journal alone.
+    "sum"}``, see :mod:`posttrain_metrics.core.extra`), as does :meth:`declare`. Neither they nor
+    your own ``MetricAdapter`` objects need an import elsewhere: the journal header declares every
+    adapter, so the publisher process, ``export``, ``doctor`` and ``plot`` rebuild the run from it.
     Use as a context manager, or call ``on_run_end`` in a ``finally``: it is idempotent and also runs
     at interpreter exit. Under a launcher that started several ranks
     (``WORLD_SIZE`` > 1), reduce refuses until torch.distributed is initialised, unless ``local=True``
