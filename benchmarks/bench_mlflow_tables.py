@@ -19,9 +19,9 @@ import uuid
 
 from posttrain_metrics.core.keys import describe
 from posttrain_metrics.core.reducer import resolve_adapters
-from posttrain_metrics.core.samples import Samples
 from posttrain_metrics.integrations import RunInfo
 from posttrain_metrics.integrations.mlflow import MlflowSink
+from posttrain_metrics.journal.samples import Samples
 
 COLUMNS = ["group", "prompt", "completion", "reward", "advantage", "truncated"]
 

@@ -29,13 +29,13 @@ from _common import GRPO_ADAPTERS, full_chunk, load, machine, reduced_frames
 
 from posttrain_metrics import MetricReducer
 from posttrain_metrics.callbacks import MetricsCallback
+from posttrain_metrics.callbacks.samples import select
 from posttrain_metrics.core.extra import user_adapters
-from posttrain_metrics.core.samples import select
 from posttrain_metrics.integrations.base import RunInfo
 from posttrain_metrics.journal import JournalSink
+from posttrain_metrics.journal.samples import samples_path
 from posttrain_metrics.publication import Publisher
 from posttrain_metrics.publication.artifacts import write_record
-from posttrain_metrics.samples import samples_path
 
 WORDS = ["the", "of", "model", "reward", "group", "token", "policy", "answer", "step", "because", "therefore"]
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import json
 import os
 import sys
@@ -93,7 +92,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
 def scan_journal(path: str) -> JournalOnDisk:
     """Open a journal for a subcommand, to be read pass by pass (``open_journal``: memory flat in the
     run's length): torn-line notes go to stderr, and every adapter it names must be known here
-    (``--import`` a module that registers your own)."""
+    (the header declares them; an older header names catalogue adapters)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         journal = open_journal(path)
@@ -251,8 +250,6 @@ def build_parser() -> argparse.ArgumentParser:
         "check a run's health, plot it, list the metric catalogue.",
     )
     parser.add_argument("--version", action="version", version=f"posttrain-metrics {__version__}")
-    parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
-                        help="import MODULE first (a module that registers your own adapters)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = sub.add_parser(
@@ -312,16 +309,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--import", dest="imports", action="append", default=[])
-    for module in pre.parse_known_args(argv)[0].imports:  # before the parser lists adapter choices
-        try:
-            importlib.import_module(module)
-        except ImportError as exc:
-            return _error("--import", f"cannot import module {module!r} ({type(exc).__name__}: {exc}); fix: "
-                          "pass an importable module name (on sys.path, e.g. installed or in the current folder)")
-        except Exception as exc:  # the module itself raised: show where, redacted
-            return _error("--import", f"importing module {module!r} raised {type(exc).__name__}: {exc}")
     parser = build_parser()
     if not argv:
         parser.print_help()  # no command: list them, as --help does

@@ -96,13 +96,11 @@ def _ask(where: str, question: Callable[[], _T]) -> _T:
 
 
 
-def _recorded(journal: AnyJournal, tracker: str, setting: str, old_key: str) -> str | None:
+def _recorded(journal: AnyJournal, tracker: str, setting: str) -> str | None:
     """A tracker setting the live run used: the journal header's ``trackers`` (recorded when the run
-    started), else, for an older journal, the flat config key ``old_key``."""
+    started)."""
     settings = journal.trackers.get(tracker)
     value = settings.get(setting) if isinstance(settings, dict) else None
-    if value is None:
-        value = journal.config.get(old_key)
     return str(value) if value not in (None, "", "None") else None
 
 
@@ -124,7 +122,7 @@ def _target(journal: AnyJournal, to: str, target: str | None, *, project: str | 
 
         uri = target or f"sqlite:///{run_path(home, 'mlflow.db').resolve()}"
         _check_mlflow_uri(uri)
-        experiment = _recorded(journal, "mlflow", "experiment_name", "mlflow/experiment")
+        experiment = _recorded(journal, "mlflow", "experiment_name")
         # The sink may hold every frame (a replay outruns MLflow) and close waits for all of them.
         mlflow_sink = MlflowSink(tracking_uri=uri, dir=home, experiment_name=experiment,
                                  run_id=_ask(uri, lambda: mlflow_run(uri, journal.run_id)),  # a live sink's run
@@ -136,8 +134,8 @@ def _target(journal: AnyJournal, to: str, target: str | None, *, project: str | 
         directory = Path(target) if target else run_path(home, "wandb").parent
         # The live run's project and entity (the journal header), unless the command names others;
         # W&B's environment variables fill what neither says, as for a live run.
-        project = project or _recorded(journal, "wandb", "project", "wandb/project")
-        entity = entity or _recorded(journal, "wandb", "entity", "wandb/entity")
+        project = project or _recorded(journal, "wandb", "project")
+        entity = entity or _recorded(journal, "wandb", "entity")
         sink = WandbSink(project=project, entity=entity, dir=directory, resume="allow", settings={"quiet": True})
         return sink, str(directory / "wandb")
     raise MetricsError(f"export --to {to!r}; fix: use tensorboard, mlflow or wandb")

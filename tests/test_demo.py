@@ -181,7 +181,7 @@ def test_demo_publishes_a_completions_table_in_every_tracker(demo_run: Path) -> 
     from mlflow.tracking import MlflowClient
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from posttrain_metrics.samples import read_samples
+    from posttrain_metrics.journal.samples import read_samples
 
     group_size = ToyConfig().group_size
     samples = read_samples(demo_run / "journal.samples.jsonl")

@@ -193,8 +193,8 @@ def _run_on_a_filling_disk(out: Path, full: set[int], monkeypatch, *, start: boo
     import errno
     import warnings
 
-    from posttrain_metrics import lines
     from posttrain_metrics.callbacks import MetricsCallback
+    from posttrain_metrics.journal import lines
 
     append, state = lines.LineFile.append, {"full": full_at_start}
 

@@ -205,26 +205,6 @@ def test_export_to_wandb_takes_project_and_entity(live: Path, tmp_path: Path, ca
     assert "--project and --entity are W&B's" in capsys.readouterr().err and not (tmp_path / "tb").exists()
 
 
-def test_an_older_journal_with_a_flat_config_and_no_trackers_still_exports(live: Path, tmp_path: Path, capsys) -> None:
-    import wandb
-
-    lines = (live / "journal.jsonl").read_text().splitlines()
-    header = json.loads(lines[0])
-    del header["trackers"]
-    header["config"] = {"rl/kl_beta": 0.04, "optim/betas/0": 0.9, "wandb/project": "flat-project"}  # as before
-    old = tmp_path / "old" / "journal.jsonl"
-    old.parent.mkdir()
-    old.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
-    journal = read_journal(old)
-    assert journal.config == {"rl/kl_beta": 0.04, "optim/betas/0": 0.9, "wandb/project": "flat-project"}
-    assert journal.trackers == {}
-    assert "exported 7 of 7 frames" in export(old, "wandb", str(tmp_path / "wb"), capsys=capsys)
-    wandb.teardown()
-    wb = read_offline_run(tmp_path / "wb")
-    assert wb.run.project == "flat-project"  # where the old export sent it
-    assert wb.config["rl/kl_beta"] == 0.04  # an old flat config stays as it was recorded
-
-
 def test_export_finds_what_the_live_sinks_already_wrote(live: Path, capsys) -> None:
     for kind in ("tensorboard", "mlflow", "wandb"):
         assert "nothing to export: all 7 frames" in export(live / "journal.jsonl", kind, capsys=capsys), kind

@@ -336,7 +336,7 @@ def test_journal_frames_read_as_json_reads_them_whichever_parser_reads(frames: l
     # a frame the catalogue refuses must be refused whichever parser read it, with the same error.
     import orjson
 
-    import posttrain_metrics.journal as journal_module
+    import posttrain_metrics.journal.format as journal_module
     from posttrain_metrics.journal import JournalTail
 
     header = {"format": "posttrain-metrics-journal", "version": 1, "kind": "header", "run_id": "fuzz01",

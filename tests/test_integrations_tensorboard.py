@@ -874,8 +874,8 @@ def test_a_long_completion_leaves_the_samples_table_so_the_other_columns_stay_re
     """TensorBoard's text tab sizes a table's columns to their longest cell: a 2,000-character
     completion squeezed the group and reward columns to a letter a line. A column with a cell over
     WIDE_CELL characters is written under a numbered table instead, whole, as written."""
-    from posttrain_metrics.core.samples import Samples
     from posttrain_metrics.integrations import RunInfo
+    from posttrain_metrics.journal.samples import Samples
 
     long = "think " * 333 + "<b>|*_#"  # 1,998 + 7 characters: Markdown and HTML specials at the end
     samples = Samples(step=3, rows=[{"group": "r0-g1", "completion": long, "reward": 1.0},

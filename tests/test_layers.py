@@ -20,7 +20,7 @@ PACKAGE = pathlib.Path(posttrain_metrics.__file__).parent
 RANK = {
     "core": 0,
     "integrations": 1,
-    "journal": 2, "lines": 2, "samples": 2,
+    "journal": 2,
     "doctor": 3, "plot": 3,
     "publication": 4,
     "callbacks": 5,
@@ -99,7 +99,6 @@ def test_every_top_level_module_has_a_layer() -> None:
 LIMIT = 520
 ONE_JOB = {
     "demo/grpo_toy.py": "the demo's toy GRPO trainer (model, rollouts, loss): one job, read top to bottom",
-    "journal.py": "TO SPLIT (issue 26 item 4)",
     "integrations/tensorboard.py": "TO SPLIT (issue 26 item 5)",
     "integrations/mlflow.py": "TO SPLIT (issue 26 item 5)",
     "core/layout.py": "the packed buffer layout of one collective: one job",

@@ -441,7 +441,7 @@ def test_before_the_process_group_exists_the_launchers_rank_decides(monkeypatch)
 def test_the_journal_reads_the_same_with_either_encoder(tmp_path, monkeypatch):
     """Frame lines go through orjson when it is installed (the training thread's main cost), else
     json: the same strict JSON, read back to the same frames."""
-    import posttrain_metrics.journal as journal_module
+    import posttrain_metrics.journal.format as journal_module
 
     frames = [*grpo_run(steps=3), nonfinite_frame(4)]
     publish(frames, [JournalSink(tmp_path / "fast.jsonl")])

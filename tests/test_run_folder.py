@@ -27,7 +27,7 @@ from posttrain_metrics.callbacks import MetricsCallback
 from posttrain_metrics.cli import main
 from posttrain_metrics.integrations.mlflow import RUN_ID_TAG
 from posttrain_metrics.journal import read_journal
-from posttrain_metrics.samples import read_samples
+from posttrain_metrics.journal.samples import read_samples
 
 TRAIN = """
 import sys, time
@@ -328,22 +328,6 @@ def test_a_users_tensorboard_py_and_mlflow_py_in_the_working_directory_do_not_st
     history = client.get_metric_history(run.info.run_id, "train/grad_norm")
     assert sorted((m.step, m.value) for m in history) == grad_norms(range(1, 5))
     assert "user own tensorboard.py" not in (out / "publisher.log").read_text()
-
-
-def test_a_module_of_imports_next_to_the_script_is_still_imported_by_the_publisher(tmp_path: Path) -> None:
-    """``imports=[...]`` names a module of the user's folder (the script's, also the working directory,
-    as with ``cd project && python train.py``): the publisher finds it where the trainer did, though
-    the working directory is no longer on its path (a tensorboard.py there still is not imported)."""
-    project, out, mark = tmp_path / "project", tmp_path / "out", tmp_path / "imported-by"
-    project.mkdir()
-    (project / "my_adapters.py").write_text(f"import os\nopen({str(mark)!r}, 'a').write(f'{{os.getpid()}}\\n')\n")
-    (project / "tensorboard.py").write_text("raise RuntimeError('the user own tensorboard.py was imported')\n")
-    (project / "train.py").write_text(TRAIN.replace('run_name="r",', 'run_name="r", imports=["my_adapters"],'))
-    proc = subprocess.run([sys.executable, "train.py", str(out), "mine", "3", "0"], cwd=project, capture_output=True,
-                          timeout=180)
-    assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-2000:]
-    assert mark.read_text().split() == [str(publisher_pid(out / "journal.jsonl"))]  # the publisher imported it
-    assert tensorboard_steps(out / "tensorboard" / "r-mine") == grad_norms(range(1, 4))
 
 
 # -- 12. a bad out_dir is a MetricsError when the callback is built ----------------------------------

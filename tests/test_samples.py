@@ -17,10 +17,10 @@ from _runs import only_run, run_ranks, tensorboard_run
 
 from posttrain_metrics import MetricsError
 from posttrain_metrics.callbacks import MetricsCallback
+from posttrain_metrics.callbacks.samples import CUT, check_rows, select
 from posttrain_metrics.cli import main
-from posttrain_metrics.core.samples import CUT, Histogram, check_rows, select
 from posttrain_metrics.integrations import MemorySink
-from posttrain_metrics.samples import read_samples
+from posttrain_metrics.journal.samples import Histogram, read_samples
 
 pytestmark = pytest.mark.timeout(300)
 

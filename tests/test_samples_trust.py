@@ -23,8 +23,9 @@ from hypothesis import strategies as st
 
 from posttrain_metrics import MetricReducer, MetricsError
 from posttrain_metrics.callbacks import MetricsCallback
-from posttrain_metrics.core.samples import Histogram, select
+from posttrain_metrics.callbacks.samples import select
 from posttrain_metrics.integrations import MemorySink
+from posttrain_metrics.journal.samples import Histogram
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -291,7 +292,7 @@ def test_the_split_never_changes_the_sample(dealt: list[tuple[Any, int]], world:
     """Rows (group, rank) dealt at random to ``world`` simulated ranks: each rank's offer, then the
     shared decision (the very functions on_samples runs on real ranks), equal the oracle over the
     union in rank order."""
-    from posttrain_metrics.core.samples import kept_rows, offer, settle
+    from posttrain_metrics.callbacks.samples import kept_rows, offer, settle
 
     split: list[list[dict[str, Any]]] = [[] for _ in range(world)]
     for i, (group, rank) in enumerate(dealt):

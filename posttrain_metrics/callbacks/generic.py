@@ -36,13 +36,13 @@ from ..core.frame import Frame
 from ..core.layout import RefusedChunk
 from ..core.redact import redact_text
 from ..core.reducer import AdapterSpec, MetricReducer, resolve_adapters
-from ..core.samples import MAX_CHARS, Histogram, Samples, cut, kept_rows, offer, settle
 from ..core.warn import warn
 from ..integrations.base import Sink
 from ..integrations.console import check_total_steps
 from ..integrations.factory import build_sink, check_callback, check_writable, plain, safe_name
+from ..journal.samples import Histogram, Samples, SamplesFile, samples_path
 from ..publication import Publisher
-from ..samples import SamplesFile, samples_path
+from .samples import MAX_CHARS, cut, kept_rows, offer, settle
 
 __all__ = ["MetricsCallback", "build_callback"]
 
@@ -63,11 +63,12 @@ class MetricsCallback:
     the calling thread: ``on_run_start`` waits for each tracker to start, seconds for MLflow's schema
     on a fresh SQLite file); ``close`` waits up to ``close_timeout`` seconds for the trackers (see
     :class:`~posttrain_metrics.publication.Publisher`).
-    ``imports`` names modules that register your own adapters, for the publisher process to import.
     ``total_steps`` (the run's optimizer steps, when known) makes the console line read ``step/total``
     with an ETA; trainer callbacks set it from the trainer's ``max_steps`` (:meth:`set_total_steps`).
     ``extra`` declares your own keys in one line each (``{"my/tokens_per_s": "mean", "my/oom_retries":
-    "sum"}``, see :mod:`posttrain_metrics.core.extra`), as does :meth:`declare`; they need no import.
+    "sum"}``, see :mod:`posttrain_metrics.core.extra`), as does :meth:`declare`. Neither they nor
+    your own ``MetricAdapter`` objects need an import elsewhere: the journal header declares every
+    adapter, so the publisher process, ``export``, ``doctor`` and ``plot`` rebuild the run from it.
     Use as a context manager, or call ``on_run_end`` in a ``finally``: it is idempotent and also runs
     at interpreter exit. Under a launcher that started several ranks
     (``WORLD_SIZE`` > 1), reduce refuses until torch.distributed is initialised, unless ``local=True``
@@ -86,7 +87,6 @@ class MetricsCallback:
         local: bool = False,
         publisher: str = "process",
         close_timeout: float = 300.0,
-        imports: Sequence[str] = (),
         total_steps: int | None = None,
         extra: Mapping[str, Any] | None = None,
         samples_per_step: int = 16,
@@ -102,7 +102,7 @@ class MetricsCallback:
         self._adapters = resolve_adapters(adapters)
         self._extra = normalise(plain(extra) if extra is not None else {})
         self._options: dict[str, Any] = dict(sinks=built, run_name=name, run_id=run_id, mode=publisher,
-                                             close_timeout=close_timeout, imports=plain(imports))
+                                             close_timeout=close_timeout)
         self._group, self._local = group, local
         for option, value, low in (("samples_per_step", samples_per_step, 0), ("sample_max_chars", sample_max_chars, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -229,7 +229,7 @@ class MetricsCallback:
         and any column of yours), on every rank when torch.distributed is initialised (collective:
         each rank passes its own rows, an empty list if it has none). Rank 0 keeps at most
         ``samples_per_step`` of them, whole groups, chosen deterministically
-        (:func:`~posttrain_metrics.core.samples.select`; text cut at ``sample_max_chars``), appends them
+        (:func:`~posttrain_metrics.callbacks.samples.select`; text cut at ``sample_max_chars``), appends them
         to the samples file beside the journal and publishes them (a W&B Table, an MLflow table, a
         TensorBoard text), with histograms of the ``reward``, ``advantage`` and ``response_len``
         columns over every row offered (TensorBoard and W&B). Returns them on rank 0, ``None``
@@ -261,7 +261,7 @@ class MetricsCallback:
     ) -> tuple[int, list[dict[str, Any]], dict[str, list[float]], int] | None:
         """The step, the chosen rows of every rank (rank order), the histogram columns' numbers of every
         row offered and how many were offered: on rank 0 (``None`` elsewhere). Two collectives under
-        torch.distributed: every rank's :class:`~posttrain_metrics.core.samples.Offer` (group sizes,
+        torch.distributed: every rank's :class:`~posttrain_metrics.callbacks.samples.Offer` (group sizes,
         a bad row's message) to every rank, which all choose the same groups over the whole batch or
         all raise the same MetricsError; then only the chosen rows and the numbers, to rank 0."""
         mine_offer, mine, numbers = offer(step, rows)
@@ -347,7 +347,7 @@ def build_callback(config: Mapping[str, Any]) -> MetricsCallback:
                       "posttrain_metrics.callbacks.generic.MetricsCallback"):
         raise MetricsError(f"_target_ {target!r} is not posttrain_metrics.callbacks.MetricsCallback")
     allowed = {"adapters", "sinks", "out_dir", "run_name", "run_id", "local", "publisher", "close_timeout",
-               "imports", "total_steps", "extra", "samples_per_step", "sample_max_chars"}
+               "total_steps", "extra", "samples_per_step", "sample_max_chars"}
     unknown = sorted(set(options) - allowed)
     if unknown:
         raise MetricsError(f"unknown callback option(s) {unknown}; it takes {sorted(allowed)}")

@@ -26,7 +26,8 @@ class RunInfo:
     every public key the run's adapters can publish; ``trackers`` holds each tracker sink's resolved
     settings (:func:`tracker_settings`: W&B's project and entity), recorded in the journal header;
     ``extra`` holds the user's own key declarations (:mod:`posttrain_metrics.core.extra`), which
-    ``adapters`` does not name."""
+    ``adapters`` does not name; ``declarations`` every named adapter's declarations (the journal header
+    carries them: :mod:`posttrain_metrics.journal.declarations`)."""
 
     run_id: str
     name: str
@@ -41,6 +42,7 @@ class RunInfo:
         if not self.config_tree and self.config:
             object.__setattr__(self, "config_tree", dict(self.config))
     extra: Mapping[str, Mapping[str, object]] = dataclasses.field(default_factory=dict)
+    declarations: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
 
 
 @runtime_checkable

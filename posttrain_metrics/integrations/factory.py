@@ -47,7 +47,7 @@ def check_callback(*, adapters: Any, sinks: Any, out_dir: Any, run_name: Any) ->
     owner = "MetricsCallback"
     names = [adapters] if isinstance(adapters, str) or not isinstance(adapters, (list, tuple)) else adapters
     for item in names:
-        if not isinstance(item, str) and type(item).__name__ != "MetricAdapter":
+        if not isinstance(item, str) and not any(c.__name__ == "MetricAdapter" for c in type(item).__mro__):  # a subclass too
             raise MetricsError(f"{owner}: adapters={adapters!r:.80} holds {item!r:.40} of type {type(item).__name__}; "
                                "fix: give adapter names or MetricAdapter objects, e.g. adapters=['grpo', 'trainer']")
     if not isinstance(sinks, (list, tuple)):

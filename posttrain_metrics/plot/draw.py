@@ -5,15 +5,15 @@ from __future__ import annotations
 import math
 import os
 import textwrap
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..core.catalog import get_adapter
 from ..core.errors import MetricsError
 from ..core.keys import describe
 from ..core.redact import redact_text
 from ..doctor import BUDGET_CONFIG_NAMES, Finding, JournalLike, Severity, config_int, step_ranges
+from ..journal import header_adapter
 from .panels import PANELS, Panel
 from .series import _Data
 
@@ -36,13 +36,13 @@ LABEL_COLOURS = {"applied": "#2ca02c", "accumulating": "#7f7f7f", "skipped": "#d
 NONFINITE_COLOUR = "#d62728"
 
 
-def _headline_keys(adapters: Iterable[str]) -> tuple[dict[str, str], set[str]]:
+def _headline_keys(header: Mapping[str, Any]) -> tuple[dict[str, str], set[str]]:
     """Headline keys of the run's adapters (key -> unit) and the adapters this process lacks."""
     heads: dict[str, str] = {}
     unknown = set()
-    for name in adapters:
+    for name in header.get("adapters", []):
         try:
-            adapter = get_adapter(name)
+            adapter = header_adapter(header, name)  # rebuilt from the header's declarations
         except MetricsError:
             unknown.add(name)  # a user adapter not registered here: its keys still plot by leaf
             continue
@@ -70,7 +70,7 @@ def dashboard(journal: JournalLike, findings: Sequence[Finding], output_path: st
         raise MetricsError(f"plot output {str(path)!r} is not a .png file; fix: name it FILE.png")
     figure_cls, canvas_cls = _import_matplotlib()
     data = _Data(journal)
-    heads, unknown = _headline_keys(journal.adapters)
+    heads, unknown = _headline_keys(journal.header)
     panels = _choose_panels(data, heads)
     strips = sorted(data.labels)
     marked = [f for f in findings if f.steps]

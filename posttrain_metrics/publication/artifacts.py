@@ -4,7 +4,7 @@ When the publisher closes a run (:func:`~posttrain_metrics.publication.follower.
 publisher process or thread), it writes beside the journal, in ``<journal>.record/``:
 
 - ``config.json``: the run's config as the journal header holds it (nested as W&B gets it, lists and
-  ``null`` kept, already redacted; an older journal's flat one as it is);
+  ``null`` kept, already redacted);
 - ``doctor.txt`` and ``doctor.json``: ``posttrain-metrics doctor``'s report;
 - ``dashboard.png``: ``posttrain-metrics plot``'s one-page dashboard, when matplotlib is installed.
 
@@ -55,7 +55,7 @@ def write_record(journal: Path) -> list[Path]:
     folder = record_dir(journal)
     folder.mkdir(parents=True, exist_ok=True)
     files: list[Path] = [journal]
-    from ..samples import samples_path
+    from ..journal.samples import samples_path
 
     if samples_path(journal).is_file():
         files.append(samples_path(journal))  # the sample completions, when the run published some

@@ -52,7 +52,7 @@ from ..core.redact import redact_tree
 from ..core.warn import warn
 from ..integrations.base import Points, Sink
 from ..journal import JournalTail, Record, RunFile, header_adapters, journal_closed, last_header
-from ..samples import SamplesTail, samples_path
+from ..journal.samples import SamplesTail, samples_path
 from .backoff import Backoff
 from .publisher import Publisher, display_frame, nonfinite_kind
 

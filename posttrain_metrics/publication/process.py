@@ -151,15 +151,14 @@ sys.exit(main(args[1:]))
 ``python -m``, which puts the working directory first on ``sys.path``: a ``tensorboard.py`` or
 ``mlflow.py`` of the user's there would be imported instead of the tracker, which would silently stop.
 The bootstrap drops that implicit entry (``-P`` alone needs Python 3.11) and keeps the rest
-(``PYTHONPATH``, site-packages); the package itself and the modules of ``imports`` are found in the
-folder the trainer imported them from ("pins", whatever the working directory), so the publisher runs
-the trainer's own copy of the package."""
+(``PYTHONPATH``, site-packages); the package itself is found in the folder the trainer imported it
+from (a "pin", whatever the working directory), so the publisher runs the trainer's own copy of the
+package. It imports nothing of the user's: the journal header declares every adapter of the run."""
 
 
 def _locations(modules: Sequence[str]) -> dict[str, str]:
     """The folder holding each module's top-level package or module, as this process finds it; a
-    module not found (the publisher's ``--import`` then says so) or without a single folder (a
-    namespace package) is not pinned."""
+    module not found or without a single folder (a namespace package) is not pinned."""
     found: dict[str, str] = {}
     for module in modules:
         top = module.split(".")[0]
@@ -184,13 +183,12 @@ class PublisherProcess:
     ``sleep`` (monotonic seconds) are injected so that a test walks the restart schedule quickly."""
 
     def __init__(self, journal: Path, configs: Sequence[Mapping[str, Any]], *, check_every: float = 1.0,
-                 imports: Sequence[str] = (), lock: RunLock | None = None, clock: Callable[[], float] = time.monotonic,
+                 lock: RunLock | None = None, clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.journal = journal
         # The run's lock, shared with each publisher process started (see RunLock): this copy is held until
         # wait() is done, so that a publisher restarted after the journal's close still inherits it.
         self.lock = lock.shared() if lock is not None else None
-        self.imports = tuple(imports)  # modules that register the run's own adapters
         self.configs = [dict(c) for c in configs]
         self.check_every = check_every
         self.proc: subprocess.Popen[bytes] | None = None
@@ -214,8 +212,7 @@ class PublisherProcess:
 
     def command(self) -> str:
         """The command that finishes publishing this journal by hand."""
-        imports = "".join(f"--import {shlex.quote(m)} " for m in self.imports)
-        return f"posttrain-metrics {imports}publish {shlex.quote(str(self.journal))}"
+        return f"posttrain-metrics publish {shlex.quote(str(self.journal))}"
 
     def start(self) -> None:
         path = sinks_path(self.journal)
@@ -228,9 +225,8 @@ class PublisherProcess:
         self._spawn()
 
     def _spawn(self) -> None:
-        imports = [arg for module in self.imports for arg in ("--import", module)]
-        pins = [f"{name}={where}" for name, where in _locations(("posttrain_metrics", *self.imports)).items()]
-        cmd = [sys.executable, "-c", BOOTSTRAP, *pins, "--", *imports, "publish", str(self.journal), "--follow",
+        pins = [f"{name}={where}" for name, where in _locations(("posttrain_metrics",)).items()]
+        cmd = [sys.executable, "-c", BOOTSTRAP, *pins, "--", "publish", str(self.journal), "--follow",
                "--parent-pid", str(os.getpid())]
         env, fds = dict(os.environ), []
         env.pop(LOCK_FD_ENV, None)

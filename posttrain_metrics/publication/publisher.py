@@ -54,7 +54,7 @@ from ..core.reducer import AdapterSpec, resolve_adapters
 from ..core.values import Scalar
 from ..core.warn import warn
 from ..integrations.base import RunInfo, Sink, tracker_settings
-from ..journal import MAX_HEADER_DEPTH, SAFE_RUN_ID, journal_closed, nesting
+from ..journal import MAX_HEADER_DEPTH, SAFE_RUN_ID, adapter_declarations, journal_closed, nesting
 
 __all__ = ["MODES", "Publisher", "display_frame", "end_reason", "nonfinite_kind"]
 
@@ -219,7 +219,6 @@ class Publisher:
         run_id: str | None = None,
         mode: str = "process",
         close_timeout: float = 300.0,
-        imports: Sequence[str] = (),
         background: bool | None = None,
     ) -> None:
         self.sinks = sorted(sinks, key=lambda s: s.name != "journal")  # the journal first
@@ -267,22 +266,6 @@ class Publisher:
         self.inline: list[Sink] = []
         self.in_process: list[Sink] = []  # fed by the follower thread
         self.in_child: list[Sink] = []  # fed by the publisher process
-        from ..core.catalog import BUILTIN
-
-        builtin = {id(a) for a in BUILTIN}
-        # The user's own keys (UserKeys) travel as declarations in the journal header: any reader rebuilds them.
-        own = [a.name for a in self.adapters if id(a) not in builtin and not isinstance(a, UserKeys)]
-        self.imports = tuple(imports)
-        if mode == "process" and own and not self.imports:
-            # A fresh publisher process knows the catalogue, not adapters registered in this one.
-            warn(
-                f"adapter(s) {own} are registered in this process only, so the trackers are fed by a thread of "
-                "this process instead of the publisher process; fix: register them in a module and pass "
-                "imports=['that.module'] (the publisher imports it first)",
-                stacklevel=user_stacklevel(),
-            )
-            mode = "thread"
-            self.mode = mode
         for sink in self.sinks:
             if mode == "inline" or getattr(sink, "inline", False):
                 self.inline.append(sink)
@@ -335,6 +318,7 @@ class Publisher:
             adapters=tuple(a.name for a in self.adapters if not isinstance(a, UserKeys)),
             started=started if started is not None else time.time(),
             extra=declarations(self.adapters),  # the journal header carries them: readers rebuild them
+            declarations=adapter_declarations(self.adapters),  # so does every adapter's: no import needed
         )
         self.run = run
         if self.publishes_here():
@@ -364,7 +348,7 @@ class Publisher:
                 if sink.name != type(sink).name:  # two sinks of one kind, told apart by name
                     config["name"] = sink.name
                 configs.append(config)
-            self.process = PublisherProcess(self.journal_path, configs, imports=self.imports, lock=self._run_lock())
+            self.process = PublisherProcess(self.journal_path, configs, lock=self._run_lock())
             self.process.start()
         if self.in_process:
             from .follower import follow

@@ -1,4 +1,4 @@
-"""Sample completions: a bounded, deterministic sample of a step's per-sample rows, whole groups kept.
+"""Choosing sample completions (the callback's side; the record is :mod:`posttrain_metrics.journal.samples`): a bounded, deterministic sample of a step's per-sample rows, whole groups kept.
 
 A row is a mapping of column to a plain value (``prompt``, ``completion``, ``reward``, ``advantage``
 and any column the user adds). Rows that share the value of the ``group`` column (GRPO's prompt
@@ -18,7 +18,6 @@ Redaction does not apply: the rows are model text, not config.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import hashlib
 import json
@@ -27,12 +26,13 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .errors import MetricsError
-from .reducer import _check_step
-from .values import MAX_EXACT_INT
+from ..core.errors import MetricsError
+from ..core.reducer import _check_step
+from ..core.values import MAX_EXACT_INT
+from ..journal.samples import HISTOGRAMS, Samples, check_span
 
-__all__ = ["BINS", "CUT", "GROUP", "HISTOGRAMS", "MAX_CHARS", "Histogram", "Offer", "Samples", "check_rows",
-           "check_span", "cut", "kept_rows", "numeric_columns", "offer", "pick", "select", "settle"]
+__all__ = ["CUT", "GROUP", "MAX_CHARS", "Offer", "check_rows", "cut", "kept_rows", "numeric_columns", "offer", "pick",
+           "select", "settle"]
 
 GROUP = "group"
 """The column whose value groups rows that are kept or dropped together."""
@@ -48,55 +48,6 @@ MAX_CHARS = 2000
 _PLAIN = (str, int, float, bool, type(None))
 
 
-HISTOGRAMS = ("reward", "advantage", "response_len")
-"""The numeric columns whose per-step distribution is published as a histogram, when rows carry them."""
-
-BINS = 20
-
-
-@dataclasses.dataclass(frozen=True)
-class Histogram:
-    """Counts of ``values`` in ``bins`` equal-width bins from their min to their max (the last bin
-    includes the max; all values equal: one bin), with the moments TensorBoard's histograms keep."""
-
-    edges: list[float]
-    counts: list[int]
-    sum: float
-    sum_squares: float
-
-    @property
-    def num(self) -> int:
-        return sum(self.counts)
-
-    @classmethod
-    def of(cls, values: Sequence[float], bins: int = BINS, column: str = "values") -> Histogram:
-        """The histogram of ``values``; a value equal to an interior edge goes in the bin that edge
-        opens (found on the published edges themselves, so a reader's edges and our counts agree:
-        ``(v - low) / width`` can round one bin low). A span beyond float64 is a MetricsError naming
-        ``column``."""
-        low, high = min(values), max(values)
-        check_span(column, low, high)
-        if low == high:
-            edges, counts = [low, high], [len(values)]
-        else:
-            width = (high - low) / bins
-            edges = [low + i * width for i in range(bins)] + [high]
-            counts = [0] * bins
-            for v in values:
-                counts[min(max(bisect.bisect_right(edges, v) - 1, 0), bins - 1)] += 1
-        return cls(edges, counts, math.fsum(values), math.fsum(v * v for v in values))
-
-
-def check_span(column: str, low: float, high: float) -> None:
-    """A MetricsError naming ``column`` when its values span more than float64 holds: the bin width
-    would be inf and the edges NaN, which no tracker can draw."""
-    if not math.isfinite(high - low):
-        raise MetricsError(
-            f"on_samples: the column {column!r} spans {low!r} to {high!r}, wider than a float64 can hold "
-            "(its histogram's bin width would be inf); fix: pass values within +/-8.9e307, e.g. rescaled"
-        )
-
-
 def numeric_columns(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[float]]:
     """The finite numbers of each :data:`HISTOGRAMS` column over ``rows`` (bools and text left out)."""
     out: dict[str, list[float]] = {}
@@ -106,57 +57,6 @@ def numeric_columns(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[float]]
         if values:
             out[column] = values
     return out
-
-
-@dataclasses.dataclass(frozen=True)
-class Samples:
-    """The rows of one step as published: ``columns`` in order, every row holding each of them."""
-
-    step: int
-    rows: list[dict[str, Any]]
-    columns: list[str]
-    offered: int  # rows offered on every rank before the sample was taken
-    wall_time: float = 0.0
-    histograms: dict[str, Histogram] = dataclasses.field(default_factory=dict)
-    """Per numeric column of :data:`HISTOGRAMS`, the distribution over every row offered (not only
-    the sample)."""
-    run_id: str = ""
-    """The run the rows belong to (a samples file left by another run at the same path is told apart)."""
-
-    def table(self) -> list[list[Any]]:
-        """The rows as lists in column order (a W&B Table's ``data``)."""
-        return [[row.get(c) for c in self.columns] for row in self.rows]
-
-    def markdown(self) -> str:
-        """A Markdown table (TensorBoard's text plugin renders it)."""
-        def cell(value: Any) -> str:
-            text = "" if value is None else str(value)
-            return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", "<br>")
-
-        head = [f"step {self.step}: {len(self.rows)} of {self.offered} rows", "",
-                "| " + " | ".join(cell(c) for c in self.columns) + " |",
-                "|" + "---|" * len(self.columns)]
-        return "\n".join(head + ["| " + " | ".join(cell(row.get(c)) for c in self.columns) + " |" for row in self.rows])
-
-    def to_record(self) -> dict[str, Any]:
-        record = {"kind": "samples", "step": self.step, "time": self.wall_time, "offered": self.offered,
-                  "columns": self.columns, "rows": self.table()}
-        if self.run_id:
-            record["run_id"] = self.run_id
-        if self.histograms:
-            record["histograms"] = {k: dataclasses.asdict(h) for k, h in self.histograms.items()}
-        return record
-
-    @classmethod
-    def from_record(cls, record: Mapping[str, Any]) -> Samples:
-        columns = [str(c) for c in record["columns"]]
-        rows = [dict(zip(columns, values)) for values in record["rows"]]
-        step = record["step"]
-        if isinstance(step, bool) or not isinstance(step, int):
-            raise ValueError(f"step {step!r:.40} is not an integer")
-        histograms = {str(k): Histogram(**h) for k, h in dict(record.get("histograms", {})).items()}
-        return cls(step, rows, columns, int(record.get("offered", len(rows))), float(record.get("time", 0.0)),
-                   histograms, str(record.get("run_id", "")))
 
 
 def check_rows(rows: object, where: str = "on_samples") -> list[dict[str, Any]]:
