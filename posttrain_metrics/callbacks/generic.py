@@ -115,7 +115,8 @@ class MetricsCallback:
             if not any(a.name == "perf" for a in self._adapters):
                 self._adapters = (*self._adapters, *resolve_adapters("perf"))
             timers = self._perf.declarations
-        self._extra = normalise({**timers, **(plain(extra) if extra is not None else {})})
+        extra = plain(extra) if extra is not None else {}
+        self._extra = normalise({**timers, **extra} if timers and isinstance(extra, Mapping) else extra)
         self._options: dict[str, Any] = dict(sinks=built, run_name=name, run_id=run_id, mode=publisher,
                                              close_timeout=close_timeout, imports=plain(imports))
         self._group, self._local = group, local

@@ -1,0 +1,175 @@
+"""Throughput, stage timers, MFU and memory (issue 28), in process: a clock injected, figures by hand.
+
+The real multi-rank path (gloo, 2 and 4 ranks) is in test_throughput_distributed.py; here the ranks
+are simulated with ``reduce_metrics`` (the same merge) over each rank's window chunk.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from posttrain_metrics import MetricsError, get_adapter, reduce_metrics
+from posttrain_metrics.callbacks import MetricsCallback, build_callback
+from posttrain_metrics.core.extra import user_adapters
+from posttrain_metrics.core.throughput import DEFAULT_STAGES, Throughput, peak_flops_of
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_window_time_runs_from_the_previous_window_end() -> None:
+    clock = Clock()
+    t = Throughput(clock=clock, memory=False)
+    clock.t = 10.0
+    t.start()
+    clock.t = 12.5
+    assert t.window_chunk() == {"perf_window_s": 2.5, "perf_window_s_mean": 2.5}
+    t.start()  # already running: no restart
+    clock.t = 13.0
+    assert t.window_chunk()["perf_window_s"] == 0.5
+
+
+def test_repeated_and_nested_stages_add_up_and_a_stage_nested_in_itself_counts_once() -> None:
+    clock = Clock()
+    t = Throughput(clock=clock, timers=["scoring"], memory=False)
+    t.start()
+    with t.timer("generation"):
+        clock.t += 1.0
+        with t.timer("scoring"):  # another stage inside: each counts its own time
+            clock.t += 0.5
+        with t.timer("generation"):  # itself inside: counted once, by the outer timing
+            clock.t += 0.25
+    with t.timer("generation"):  # repeated in the window: adds up
+        clock.t += 2.0
+    chunk = t.window_chunk()
+    assert chunk["timer/generation_s"] == chunk["timer/generation_s_mean"] == 3.75
+    assert chunk["timer/scoring_s"] == 0.5
+    assert "timer/reward_s" not in chunk  # declared, not timed: absent
+    assert "timer/generation_s" not in t.window_chunk()  # the next window starts empty
+
+
+def test_an_undeclared_timer_is_refused_with_the_fix() -> None:
+    t = Throughput(memory=False)
+    with pytest.raises(MetricsError, match=r"perf=\{'timers': \['decode'\]\}"):
+        with t.timer("decode"):
+            pass
+
+
+def test_derived_figures_by_hand_and_running_totals() -> None:
+    t = Throughput(memory=False)
+    first = t.derive({"perf/window_s": 4.0, "train/valid_token_count": 1000, "train/rollout_count": 16})
+    assert first["perf/tokens_per_s"] == 250.0 and first["perf/samples_per_s"] == 4.0
+    second = t.derive({"perf/window_s": 1.0, "train/valid_token_count": 10, "perf/samples": 3})
+    assert second["perf/tokens_total"] == 1010 and second["perf/samples_total"] == 19 and second["perf/time_s"] == 5.0
+    # no time: counts still add up, no rate; no count: no rate
+    third = t.derive({"train/valid_token_count": 5})
+    assert "perf/tokens_per_s" not in third and third["perf/tokens_total"] == 1015 and third["perf/time_s"] == 5.0
+    assert "perf/samples_per_s" not in t.derive({"perf/window_s": 2.0})
+
+
+def test_derive_does_not_mutate_the_reduced_figures() -> None:
+    metrics = {"perf/window_s": 2.0, "train/valid_token_count": 8}
+    Throughput(memory=False).derive(metrics)
+    assert metrics == {"perf/window_s": 2.0, "train/valid_token_count": 8}
+
+
+def test_mfu_uses_6n_per_trained_and_2n_per_generated_token() -> None:
+    n, peak = 1.0e9, 100.0e12
+    t = Throughput(params=n, peak_flops=peak, memory=False)
+    assert t.window_chunk()["perf_peak_flops"] == peak
+    # two ranks: the world's peak is the sum of their peaks
+    m = t.derive({"perf/window_s": 2.0, "perf/peak_flops": 2 * peak, "train/valid_token_count": 30_000,
+                  "perf/generated_tokens": 50_000})
+    assert m["perf/mfu"] == pytest.approx((6 * n * 30_000 + 2 * n * 50_000) / (2.0 * 2 * peak), rel=1e-12)
+    given = Throughput(flops_per_token=5.0e9, peak_flops=peak, memory=False)
+    m = given.derive({"perf/window_s": 1.0, "perf/peak_flops": peak, "train/valid_token_count": 1000})
+    assert m["perf/mfu"] == pytest.approx(5.0e9 * 1000 / peak, rel=1e-12)
+    assert "perf/mfu" not in Throughput(memory=False).derive({"perf/window_s": 1.0, "train/valid_token_count": 9})
+
+
+def test_mfu_without_a_known_peak_is_an_error_when_built() -> None:
+    with pytest.raises(MetricsError, match="peak_flops="):
+        Throughput(params=1e9, memory=False)  # no CUDA device here to look up
+    with pytest.raises(MetricsError, match="positive number"):
+        Throughput(params=-1, peak_flops=1e12)
+
+
+@pytest.mark.parametrize(("name", "peak"), [
+    ("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H100 PCIe", 756e12), ("NVIDIA A100-SXM4-80GB", 312e12),
+    ("NVIDIA L40S", 362e12), ("NVIDIA L4", 121e12), ("NVIDIA A10G", 70e12), ("Tesla T4", 65e12),
+    ("NVIDIA GeForce GTX 1080", None),
+])
+def test_peak_table_matches_cuda_device_names(name: str, peak: float | None) -> None:
+    assert peak_flops_of(name) == peak
+
+
+def test_without_cuda_memory_is_the_process_peak_resident_memory() -> None:
+    chunk = Throughput().window_chunk()
+    assert chunk["perf_rss_peak_gib"] > 0.001  # this process holds more than a MiB
+    assert "perf_mem_allocated_peak_gib" not in chunk
+
+
+def test_derived_keys_take_no_slot_and_cannot_be_reported() -> None:
+    perf = get_adapter("perf")
+    derived = {m.leaf for m in perf.metrics.values() if m.derived}
+    assert derived == {"tokens_per_s", "samples_per_s", "mfu", "tokens_total", "samples_total", "time_s"}
+    with pytest.raises(MetricsError, match="perf_tokens_per_s"):
+        reduce_metrics("perf", [[{"perf_tokens_per_s": 1.0}]])
+
+
+def test_simulated_ranks_reduce_to_the_hand_computed_figures() -> None:
+    """Three ranks, each with its own clock: the reduced window time is the slowest rank's, the
+    stage time the max with the mean beside it, a stage timed on one rank only is that rank's."""
+    adapters = [get_adapter("grpo"), get_adapter("perf"), *user_adapters(Throughput(memory=False).declarations)]
+    chunks = []
+    for rank, (window, gen, tokens) in enumerate([(3.0, 1.0, 100), (5.0, 2.0, 300), (4.0, 1.5, 50)]):
+        clock = Clock()
+        t = Throughput(clock=clock, memory=False)
+        t.start()
+        with t.timer("generation"):
+            clock.t += gen
+        if rank == 1:
+            with t.timer("reward"):
+                clock.t += 0.5
+        clock.t = window
+        chunks.append([{"grpo_valid_token_count": tokens}, t.window_chunk()])
+    reduced = reduce_metrics(adapters, chunks)
+    m = Throughput(memory=False).derive(reduced)
+    assert m["perf/window_s"] == 5.0 and m["perf/window_s_mean"] == 4.0
+    assert m["perf/tokens_per_s"] == 450 / 5.0
+    assert m["timer/generation_s"] == 2.0 and m["timer/generation_s_mean"] == 1.5
+    assert m["timer/reward_s"] == 0.5 and m["timer/reward_s_mean"] == 0.5
+    assert not any(k.startswith("timer/train") for k in m)
+
+
+def test_callback_publishes_perf_and_timers_and_refuses_timer_without_perf() -> None:
+    clock = Clock()
+    cb = MetricsCallback(adapters=["grpo"], sinks=[{"type": "memory"}], publisher="inline",
+                         perf=Throughput(clock=clock, memory=False))
+    with cb:
+        cb.on_run_start()
+        with cb.timer("train"):
+            clock.t += 0.5
+        cb.on_chunk_end({"grpo_valid_token_count": 40})
+        clock.t = 2.0
+        m = cb.on_window_end(1).metrics
+    assert m["perf/window_s"] == 2.0 and m["perf/tokens_per_s"] == 20.0 and m["timer/train_s"] == 0.5
+    assert cb.sinks[0].frames[-1].metrics == m  # type: ignore[attr-defined]
+    plain = MetricsCallback(adapters=["grpo"], sinks=[{"type": "memory"}], publisher="inline")
+    with pytest.raises(MetricsError, match="perf=True"):
+        plain.timer("train")
+    plain.on_run_end()
+
+
+def test_callback_config_takes_perf_options() -> None:
+    cb = build_callback({"adapters": ["grpo"], "sinks": [{"type": "memory"}],
+                         "perf": {"timers": ["decode"], "params": 1e9, "peak_flops": 1e12}})
+    assert cb.throughput is not None and cb.throughput.stages == (*DEFAULT_STAGES, "decode")
+    assert "perf" in [a.name for a in cb.publisher.adapters]
+    with pytest.raises(MetricsError, match="unknown option"):
+        build_callback({"adapters": ["grpo"], "sinks": [{"type": "memory"}], "perf": {"param": 1}})
