@@ -207,7 +207,7 @@ def test_throughput_and_timers_are_the_hand_computed_global_figures(world: tuple
             assert m["timer/scoring_only_on_rank0_s"] == pytest.approx(0.25)
             assert m["timer/scoring_only_on_rank0_s_mean"] == pytest.approx(0.25)
             # a declared stage no rank timed is absent, not zero
-            assert "timer/weight_sync_s" not in m and "timer/weight_sync_s_mean" not in m
+            assert "timer/reward_s" not in m and "timer/reward_s_mean" not in m
             assert m["perf/rss_peak_gib"] > 0  # no CUDA here: the process's peak resident memory
             assert "perf/mem_allocated_peak_gib" not in m and "perf/mfu" not in m
             assert m == reports[0]["frames"][i]

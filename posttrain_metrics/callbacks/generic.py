@@ -242,7 +242,6 @@ class MetricsCallback:
         fixed when the callback is built (``perf={"timers": [...]}`` beside the default stages)."""
         if self._perf is None:
             raise MetricsError(f"timer({name!r}) needs throughput on; fix: MetricsCallback(..., perf=True)")
-        self._fixed = True
         return self._perf.timer(name)
 
     def _reduce_train(self, step: int) -> Frame:
@@ -254,7 +253,12 @@ class MetricsCallback:
             return reducer.reduce(step, phase="train")
         reducer.add(perf.window_chunk())
         frame = reducer.reduce(step, phase="train")
-        return Frame(frame.step, perf.derive(frame.metrics), frame.phase, frame.wall_time)
+        figures = perf.figures(frame.metrics)
+        metrics = frame.metrics
+        if isinstance(metrics, dict):  # the reducer's fresh dict, ours alone: no copy on the hot path
+            metrics.update(figures)
+            return frame
+        return Frame(frame.step, {**metrics, **figures}, frame.phase, frame.wall_time)
 
     def on_validation_end(
         self, step: int, metrics: Mapping[str, Any] | Sequence[Mapping[str, Any] | RefusedChunk]

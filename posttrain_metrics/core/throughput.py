@@ -29,7 +29,7 @@ import contextlib
 import math
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from .errors import MetricsError
@@ -39,7 +39,7 @@ __all__ = [
     "DEFAULT_STAGES", "PEAK_FLOPS", "Throughput", "peak_flops_of", "timer_declarations", "timer_keys",
 ]
 
-DEFAULT_STAGES = ("generation", "reward", "reference", "train", "weight_sync")
+DEFAULT_STAGES = ("generation", "reward", "train")
 """Stage names declared whenever throughput is on; others are given with ``perf={"timers": [...]}``."""
 
 PEAK_FLOPS: dict[str, float] = {
@@ -154,8 +154,7 @@ class Throughput:
         if self._mark is None:
             self._mark = self.clock()
 
-    @contextlib.contextmanager
-    def timer(self, name: str) -> Iterator[None]:
+    def timer(self, name: str) -> contextlib.AbstractContextManager[None]:
         """Time a stage of the window. Repeated timings of ``name`` add up, and so do different
         stages nested in one another (each counts its own time); ``name`` nested in itself counts once."""
         if name not in self._keys:
@@ -163,18 +162,7 @@ class Throughput:
                 f"timer {name!r} is not declared (declared: {', '.join(self.stages)}); every rank fixes its keys "
                 f"before the run starts; fix: pass perf={{'timers': [{name!r}]}} to the callback"
             )
-        if self._mark is None:
-            self._mark = self.clock()
-        if name in self._open:  # the same stage nested in itself: the outer timing counts it once
-            yield
-            return
-        self._open.add(name)
-        begin = self.clock()
-        try:
-            yield
-        finally:
-            self._open.discard(name)
-            self._spent[name] = self._spent.get(name, 0.0) + (self.clock() - begin)
+        return _Timer(self, name)
 
     def window_chunk(self) -> dict[str, Scalar]:
         """End this rank's window: its wall time, stage times and memory peak, as one chunk."""
@@ -198,9 +186,14 @@ class Throughput:
         return chunk
 
     def derive(self, metrics: Mapping[str, Scalar]) -> dict[str, Scalar]:
-        """``metrics`` (a reduced frame's figures) with the derived ``perf/`` keys added. Identical on
-        every rank: it reads reduced figures only. A window with no time keeps its counts, no rates."""
-        out = dict(metrics)
+        """``metrics`` (a reduced frame's figures) with the derived ``perf/`` keys added (a copy)."""
+        return {**metrics, **self.figures(metrics)}
+
+    def figures(self, metrics: Mapping[str, Scalar]) -> dict[str, Scalar]:
+        """The derived ``perf/`` keys of a window from its reduced figures, and the running totals
+        moved on. Identical on every rank: it reads reduced figures only. A window with no time
+        keeps its counts, no rates."""
+        out: dict[str, Scalar] = {}
         window = metrics.get("perf/window_s")
         tokens = _first(metrics, _TOKENS)
         samples = _first(metrics, _SAMPLES)
@@ -235,6 +228,32 @@ class Throughput:
         if self.params and isinstance(generated, (int, float)):
             flops += 2.0 * self.params * generated
         return flops / (window * peak)
+
+
+class _Timer:
+    """One ``with throughput.timer(name):`` block (a plain class: a generator-based context manager
+    costs the training thread a few microseconds more per block)."""
+
+    __slots__ = ("begin", "name", "nested", "owner")
+
+    def __init__(self, owner: Throughput, name: str) -> None:
+        self.owner, self.name, self.begin, self.nested = owner, name, 0.0, False
+
+    def __enter__(self) -> None:
+        owner = self.owner
+        if owner._mark is None:
+            owner._mark = owner.clock()
+        self.nested = self.name in owner._open  # the same stage inside itself: the outer one counts
+        if not self.nested:
+            owner._open.add(self.name)
+            self.begin = owner.clock()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.nested:
+            return
+        owner, name = self.owner, self.name
+        owner._open.discard(name)
+        owner._spent[name] = owner._spent.get(name, 0.0) + (owner.clock() - self.begin)
 
 
 def _first(metrics: Mapping[str, Scalar], keys: tuple[str, ...]) -> int | float | None:
