@@ -1072,6 +1072,47 @@ class _RunEnd(_Watch):
             )
 
 
+# -- throughput (issue 28) ----------------------------------------------------------------------------
+
+TOKENS_PER_S = "perf/tokens_per_s"
+THROUGHPUT_DROP_FRACTION = 0.5
+"""tokens/s below this fraction of the recent median is a sudden drop: halving is far outside the
+window-to-window noise of a steady run, and what a straggler, a swap storm or a throttled device does."""
+THROUGHPUT_BASELINE = 8
+"""The recent median is over this many previous windows that counted tokens (a window with no
+counted token says nothing about speed and is left out)."""
+
+
+class _ThroughputDrop(_Watch):
+    def __init__(self, run: _Run) -> None:
+        self.recent: list[float] = []
+        self.steps = array.array("q")
+        self.worst = math.inf  # the lowest value / baseline seen at a drop
+
+    def see(self, frame: Frame) -> None:
+        value = _number(frame.metrics.get(TOKENS_PER_S))
+        if value is None or not math.isfinite(value) or value <= 0:
+            return
+        if len(self.recent) >= THROUGHPUT_BASELINE:
+            baseline = statistics.median(self.recent)
+            if value < THROUGHPUT_DROP_FRACTION * baseline:
+                self.steps.append(frame.step)
+                self.worst = min(self.worst, value / baseline)
+        self.recent.append(value)
+        del self.recent[:-THROUGHPUT_BASELINE]
+
+    def hits(self) -> Iterator[_Hit]:
+        if self.steps:
+            yield _Hit(
+                self.steps,
+                f"tokens/s fell below {THROUGHPUT_DROP_FRACTION:.0%} of the median of the previous "
+                f"{THROUGHPUT_BASELINE} windows at {_count(self.steps, 'step')} (down to {self.worst:.0%})",
+                "compare perf/window_s with perf/window_s_mean (one slow rank, or all?) and the timer/ stages "
+                "of those steps; memory (perf/*_peak_gib) near the device's limit is a usual suspect",
+                (TOKENS_PER_S, "perf/window_s", "perf/window_s_mean"),
+            )
+
+
 # -- the table -----------------------------------------------------------------------------------------
 
 
@@ -1128,6 +1169,9 @@ CHECKS: tuple[Check, ...] = (
           _JournalGap),
     Check("run_end", Severity.WARNING, ("journal end",), "status 'failed' (info: interrupted, no end record)", _RunEnd),
     Check("zero_grad_skips", Severity.INFO, (ZERO_GRAD,), "zero_grad_skips_total rose", _ZeroGradSkips),
+    Check("throughput_drop", Severity.INFO, (TOKENS_PER_S,),
+          f"tokens_per_s < {THROUGHPUT_DROP_FRACTION:g} x median of the previous {THROUGHPUT_BASELINE} windows",
+          _ThroughputDrop),
 )
 """Every check the doctor runs, in report order within a severity."""
 

@@ -20,6 +20,7 @@ directly, so neither the import of this module nor a call changes pyplot's globa
 from __future__ import annotations
 
 import array
+import bisect
 import dataclasses
 import math
 import os
@@ -87,6 +88,7 @@ PANELS: tuple[Panel, ...] = (
     Panel("PPO optimizer counters", ("policy_optimizer_step", "critic_optimizer_step"), right=("actor_warmup",)),
     Panel("PPO value and advantage", ("value_mean", "return_mean", "advantage_mean")),
     Panel("Learning rate", ("learning_rate", "policy_lr", "critic_lr"), log=True),
+    Panel("Throughput", ("tokens_per_s",), right=("window_s",)),
 )
 """The families drawn when present, in page order (two per row)."""
 
@@ -454,13 +456,20 @@ def _import_matplotlib() -> tuple[Any, Any]:
     return Figure, FigureCanvasAgg
 
 
-def dashboard(journal: JournalLike, findings: Sequence[Finding], output_path: str | os.PathLike[str]) -> Path:
-    """Write the run's one-page dashboard as a PNG at ``output_path``; returns the path written."""
+def dashboard(journal: JournalLike, findings: Sequence[Finding], output_path: str | os.PathLike[str],
+              *, x: str = "step") -> Path:
+    """Write the run's one-page dashboard as a PNG at ``output_path``; returns the path written.
+    ``x`` is the x-axis: ``step``, or (runs with ``perf`` on) ``tokens``, ``samples`` or ``time``."""
     path = Path(output_path)
     if path.suffix.lower() != ".png":
         raise MetricsError(f"plot output {str(path)!r} is not a .png file; fix: name it FILE.png")
+    if x not in X_AXES:
+        raise MetricsError(f"plot --x {x!r}; fix: one of {list(X_AXES)}")
     figure_cls, canvas_cls = _import_matplotlib()
     data = _Data(journal)
+    if x != "step":
+        _on_x_axis(data, X_AXES[x])
+        findings = [dataclasses.replace(f, steps=()) if f.steps else f for f in findings]  # marks are by step
     heads, unknown = _headline_keys(journal.adapters)
     panels = _choose_panels(data, heads)
     strips = sorted(data.labels)
@@ -515,8 +524,8 @@ def dashboard(journal: JournalLike, findings: Sequence[Finding], output_path: st
         row += 1
     bottom = time_axes[-1:] if strips or marked else time_axes[-len(panels) % columns or -columns :]
     for ax in bottom:
-        ax.set_xlabel("step", fontsize=9)
-    if first is not None:
+        ax.set_xlabel("step" if x == "step" else X_AXES[x], fontsize=9)
+    if first is not None and x == "step":
         from matplotlib.ticker import MaxNLocator
 
         first.xaxis.set_major_locator(MaxNLocator(integer=True))  # shared: steps are integers
@@ -526,6 +535,37 @@ def dashboard(journal: JournalLike, findings: Sequence[Finding], output_path: st
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format="png", dpi=100)
     return path
+
+
+# -- alternate x-axes (issue 28): the run's cumulative tokens, samples or time instead of the step ------
+
+X_AXES = {"step": "", "tokens": "perf/tokens_total", "samples": "perf/samples_total", "time": "perf/time_s"}
+
+
+def _on_x_axis(data: _Data, key: str) -> None:
+    """Put every series of ``data`` on the x-axis ``key`` (a running total, non-decreasing in the
+    step): each step maps to the total at that step, linearly between the points kept of a thinned
+    long run. A run without the key (``perf`` off) is a MetricsError with the fix."""
+    axis = sorted(data.numeric.get(key, []))
+    if not axis:
+        raise MetricsError(f"plot --x: the journal has no {key} (throughput was off); fix: run with "
+                           "MetricsCallback(perf=True), or plot against the step")
+    steps, totals = [s for s, _ in axis], [v for _, v in axis]
+
+    def at(step: int) -> float:
+        i = bisect.bisect_left(steps, step)
+        if i < len(steps) and steps[i] == step:
+            return totals[i]
+        if i == 0:
+            return totals[0]
+        if i == len(steps):
+            return totals[-1]
+        s0, s1, v0, v1 = steps[i - 1], steps[i], totals[i - 1], totals[i]
+        return v0 + (v1 - v0) * (step - s0) / (s1 - s0)
+
+    data.numeric = {k: [(at(s), v) for s, v in series] for k, series in data.numeric.items()}  # type: ignore[misc]
+    data.labels = {k: [(at(s), v) for s, v in strip] for k, strip in data.labels.items()}  # type: ignore[misc]
+    data.nonfinite = {k: [at(s) for s in steps_] for k, steps_ in data.nonfinite.items()}  # type: ignore[misc]
 
 
 def _choose_panels(data: _Data, heads: Mapping[str, str]) -> list[tuple[Panel, list[str], list[str]]]:

@@ -173,3 +173,63 @@ def test_callback_config_takes_perf_options() -> None:
     assert "perf" in [a.name for a in cb.publisher.adapters]
     with pytest.raises(MetricsError, match="unknown option"):
         build_callback({"adapters": ["grpo"], "sinks": [{"type": "memory"}], "perf": {"param": 1}})
+
+
+# -- the doctor and the plot read the perf keys ---------------------------------------------------------
+
+
+def perf_journal(tmp_path, rates: list[float]):  # type: ignore[no-untyped-def]
+    """A journal of windows of 1,000 tokens each whose tokens/s are ``rates`` (an injected clock)."""
+    from posttrain_metrics.journal import read_journal
+
+    clock = Clock()
+    cb = MetricsCallback(adapters=["grpo"], sinks=[{"type": "journal"}], publisher="inline", out_dir=tmp_path,
+                         perf=Throughput(clock=clock, memory=False))
+    with cb:
+        cb.on_run_start()
+        for step, rate in enumerate(rates, 1):
+            cb.on_chunk_end({"grpo_valid_token_count": 1000})
+            clock.t += 1000 / rate
+            cb.on_window_end(step)
+    return read_journal(tmp_path / "journal.jsonl")
+
+
+def test_doctor_notes_a_sudden_drop_in_tokens_per_s(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from posttrain_metrics.doctor import Severity, run_checks
+
+    rates = [1000.0, 1100.0, 900.0, 1000.0, 1050.0, 950.0, 1000.0, 1000.0, 400.0, 1000.0, 980.0]
+    journal = perf_journal(tmp_path, rates)
+    assert [f.metrics["perf/tokens_per_s"] for f in journal.frames] == pytest.approx(rates, rel=1e-9)
+    (finding,) = [f for f in run_checks(journal) if f.check == "throughput_drop"]
+    assert finding.severity is Severity.INFO and finding.steps == (9,)  # 400 < 0.5 x median 1000
+    assert "40%" in finding.explanation
+
+
+def test_doctor_is_silent_on_steady_throughput(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from posttrain_metrics.doctor import run_checks
+
+    journal = perf_journal(tmp_path, [1000.0, 800.0, 1200.0] * 4)
+    assert not [f for f in run_checks(journal) if f.check == "throughput_drop"]
+
+
+def test_plot_x_axis_is_the_running_total(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from posttrain_metrics.plot import _Data, _on_x_axis
+
+    data = _Data(perf_journal(tmp_path, [1000.0, 500.0, 250.0]))
+    _on_x_axis(data, "perf/tokens_total")
+    assert data.numeric["perf/tokens_per_s"] == [(1000, 1000.0), (2000, 500.0), (3000, 250.0)]
+    data = _Data(perf_journal(tmp_path / "b", [1000.0, 500.0, 250.0]))
+    _on_x_axis(data, "perf/time_s")
+    assert [x for x, _ in data.numeric["train/valid_token_count"]] == pytest.approx([1.0, 3.0, 7.0])
+
+
+def test_plot_x_without_perf_says_so(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from posttrain_metrics.journal import read_journal
+    from posttrain_metrics.plot import _Data, _on_x_axis
+
+    cb = MetricsCallback(adapters=["grpo"], sinks=[{"type": "journal"}], publisher="inline", out_dir=tmp_path)
+    with cb:
+        cb.on_chunk_end({"grpo_valid_token_count": 10})
+        cb.on_window_end(1)
+    with pytest.raises(MetricsError, match="perf=True"):
+        _on_x_axis(_Data(read_journal(tmp_path / "journal.jsonl")), "perf/tokens_total")
