@@ -233,3 +233,51 @@ def test_plot_x_without_perf_says_so(tmp_path) -> None:  # type: ignore[no-untyp
         cb.on_window_end(1)
     with pytest.raises(MetricsError, match="perf=True"):
         _on_x_axis(_Data(read_journal(tmp_path / "journal.jsonl")), "perf/tokens_total")
+
+
+# -- the framework callbacks publish them too --------------------------------------------------------------
+
+
+def test_hugging_face_callback_publishes_perf_and_timers() -> None:
+    from types import SimpleNamespace
+
+    import transformers
+
+    from posttrain_metrics.callbacks.transformers import PosttrainMetricsCallback
+    from posttrain_metrics.integrations.memory import MemorySink
+
+    clock, sink = Clock(), MemorySink()
+    cb = PosttrainMetricsCallback(sinks=[sink], perf=Throughput(clock=clock, memory=False))
+    args = type("GRPOConfig", (SimpleNamespace,), {})(
+        importance_sampling_level="token", use_bias_correction_kl=False, logging_steps=1, logging_strategy="steps",
+        gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=1, beta=0.0, to_dict=dict)
+    state, control = transformers.TrainerState(), transformers.TrainerControl()
+    cb.on_train_begin(args, state, control)
+    for step in (1, 2):
+        state.global_step = step
+        cb.on_step_begin(args, state, control)
+        with cb.timer("generation"):
+            clock.t += 0.25
+        cb.on_chunk_end({"grpo_valid_token_count": 100 * step})
+        clock.t = 2.0 * step
+        control.should_log = False
+        cb.on_step_end(args, state, control)
+    cb.on_train_end(args, state, control)
+    got = [(f.step, f.metrics["perf/tokens_per_s"], f.metrics["perf/tokens_total"], f.metrics["timer/generation_s"])
+           for f in sink.frames]
+    assert got == [(1, 50.0, 100, 0.25), (2, 100.0, 300, 0.25)]
+
+
+def test_lightning_callback_publishes_perf_and_timers() -> None:
+    from posttrain_metrics.callbacks.lightning import LightningMetricsCallback
+
+    clock = Clock()
+    cb = LightningMetricsCallback(adapters=["grpo"], sinks=[{"type": "memory"}],
+                                  perf=Throughput(clock=clock, memory=False))
+    with cb.metrics.timer("train"):
+        clock.t += 1.0
+    cb.metrics.on_chunk_end({"grpo_valid_token_count": 30})
+    clock.t = 3.0
+    m = cb.metrics.on_window_end(1).metrics
+    assert (m["perf/window_s"], m["perf/tokens_per_s"], m["timer/train_s"]) == (3.0, 10.0, 1.0)
+    cb.metrics.on_run_end()
