@@ -55,9 +55,8 @@ def test_repeated_and_nested_stages_add_up_and_a_stage_nested_in_itself_counts_o
 
 def test_an_undeclared_timer_is_refused_with_the_fix() -> None:
     t = Throughput(memory=False)
-    with pytest.raises(MetricsError, match=r"perf=\{'timers': \['decode'\]\}"):
-        with t.timer("decode"):
-            pass
+    with pytest.raises(MetricsError, match=r"perf=\{'timers': \['decode'\]\}"), t.timer("decode"):
+        pass
 
 
 def test_derived_figures_by_hand_and_running_totals() -> None:

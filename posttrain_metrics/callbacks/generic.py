@@ -27,7 +27,7 @@ import contextlib
 import dataclasses
 import os
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 

@@ -265,17 +265,18 @@ def _first(metrics: Mapping[str, Scalar], keys: tuple[str, ...]) -> int | float 
 
 
 def _device_peak() -> float | None:
-    """The table's peak for this process's CUDA device, when torch is loaded and CUDA is there."""
-    torch = sys.modules.get("torch")
+    """The table's peak for this process's CUDA device, when torch is there and CUDA is available."""
+    torch: Any = sys.modules.get("torch")
     if torch is None:
         try:
-            import torch  # noqa: F811  (MFU asked for: the trainer has torch)
+            import torch as imported  # MFU asked for: the trainer has torch
         except ImportError:
             return None
+        torch = imported
     try:
         if not torch.cuda.is_available():
             return None
-        return peak_flops_of(torch.cuda.get_device_name())
+        return peak_flops_of(str(torch.cuda.get_device_name()))
     except Exception:
         return None
 
