@@ -5,7 +5,7 @@
 
 Each benchmark runs in its own process (``bench_reduce.py``, ``bench_publish.py``,
 ``bench_export.py``, ``bench_memory.py``, ``bench_record.py``, ``bench_driver.py``, ``bench_start.py``,
-``bench_samples.py``), in full mode
+``bench_samples.py``, ``bench_throughput.py``), in full mode
 with its defaults except
 ``bench_reduce.py --iters 100`` (``--reduce-iters``); its standard output, a markdown report, goes to the
 terminal and into the results file under a heading with the exact command, its run time and the
@@ -28,7 +28,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 BENCHMARKS = ("bench_reduce.py", "bench_publish.py", "bench_export.py", "bench_memory.py", "bench_record.py",
-              "bench_driver.py", "bench_start.py", "bench_samples.py")
+              "bench_driver.py", "bench_start.py", "bench_samples.py", "bench_throughput.py")
 
 
 def load() -> str:
