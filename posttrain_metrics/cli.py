@@ -67,6 +67,8 @@ def _keys_rows(adapters: Sequence[str]) -> list[tuple[str, ...]]:
                     weight = f"{weight_key} > 0" if counted else weight_key
                 elif source in adapter.counts:
                     weight = "(a count: >= 0)"
+                if metric.derived:  # computed after the reduction: nothing to pass
+                    source, how, weight = "(derived)", f"derived after the reduction (run: {how})", ""
                 rows.append((name, source, key, how, weight, metric.unit, "yes" if metric.headline else "",
                              metric.meaning))
     return rows
