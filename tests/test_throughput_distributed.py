@@ -51,6 +51,13 @@ def window_s(rank: int, step: int) -> float:
     return 1.0 + rank + 0.25 * step
 
 
+PARAMS = 1.0e6
+
+
+def peak(rank: int) -> float:
+    return 1.0e9 * (rank + 1)  # mixed accelerators: the world's peak is the sum
+
+
 def generation_s(rank: int, step: int) -> float:
     return 0.5 * (rank + 1) + 0.125 * step  # timed in two pieces: repeated timings add up
 
@@ -64,7 +71,8 @@ def _scenario(rank: int, world: int, out_dir: str) -> dict[str, Any]:
     clock = Clock()
     cb = MetricsCallback(adapters=["grpo", "reward"], sinks=[{"type": "memory"}], publisher="inline",
                          out_dir=os.path.join(out_dir, f"rank{rank}"),
-                         perf=Throughput(clock=clock, timers=["scoring_only_on_rank0"], memory=True))
+                         perf=Throughput(clock=clock, timers=["scoring_only_on_rank0"], memory=True,
+                                         params=PARAMS, peak_flops=peak(rank)))
     calls: list[str] = []
 
     @contextlib.contextmanager
@@ -209,7 +217,10 @@ def test_throughput_and_timers_are_the_hand_computed_global_figures(world: tuple
             # a declared stage no rank timed is absent, not zero
             assert "timer/reward_s" not in m and "timer/reward_s_mean" not in m
             assert m["perf/rss_peak_gib"] > 0  # no CUDA here: the process's peak resident memory
-            assert "perf/mem_allocated_peak_gib" not in m and "perf/mfu" not in m
+            assert "perf/mem_allocated_peak_gib" not in m
+            world_peak = sum(peak(r) for r in ranks)
+            assert m["perf/peak_flops"] == pytest.approx(world_peak, rel=1e-12)
+            assert m["perf/mfu"] == pytest.approx(6 * PARAMS * tok / (slowest * world_peak), rel=1e-12)
             assert m == reports[0]["frames"][i]
 
 
