@@ -280,3 +280,42 @@ def test_lightning_callback_publishes_perf_and_timers() -> None:
     m = cb.metrics.on_window_end(1).metrics
     assert (m["perf/window_s"], m["perf/tokens_per_s"], m["timer/train_s"]) == (3.0, 10.0, 1.0)
     cb.metrics.on_run_end()
+
+
+class FakeCuda:
+    """torch.cuda's memory and device calls, for a machine without CUDA."""
+
+    def __init__(self) -> None:
+        self.resets = 0
+
+    def is_available(self) -> bool:
+        return True
+
+    def is_initialized(self) -> bool:
+        return True
+
+    def max_memory_allocated(self) -> int:
+        return 3 * 2**30
+
+    def max_memory_reserved(self) -> int:
+        return 5 * 2**29
+
+    def reset_peak_memory_stats(self) -> None:
+        self.resets += 1
+
+    def get_device_name(self) -> str:
+        return "NVIDIA H100 80GB HBM3"
+
+
+def test_with_cuda_memory_is_the_windows_peak_then_reset(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    cuda = FakeCuda()
+    monkeypatch.setitem(__import__("sys").modules, "torch", SimpleNamespace(cuda=cuda))
+    t = Throughput(params=1e9)  # the peak from the device table
+    assert t.peak_flops == 989e12
+    chunk = t.window_chunk()
+    assert chunk["perf_mem_allocated_peak_gib"] == 3.0 and chunk["perf_mem_reserved_peak_gib"] == 2.5
+    assert "perf_rss_peak_gib" not in chunk and cuda.resets == 1
+    t.window_chunk()
+    assert cuda.resets == 2  # every window its own peak
