@@ -218,7 +218,8 @@ class PosttrainMetricsCallback(TrainerCallback, MetricsCallback):  # type: ignor
     """Publishes a Trainer's or TRL ``GRPOTrainer``'s metrics through our catalogue and sinks.
 
     Constructed like :class:`~posttrain_metrics.callbacks.MetricsCallback` (``adapters``, ``sinks``,
-    ``out_dir``, ``run_name``, ``extra`` for your own keys), or from a config with :meth:`from_config`
+    ``out_dir``, ``run_name``, ``extra`` for your own keys, ``perf`` for throughput and stage timers:
+    ``with callback.timer("generation"):``), or from a config with :meth:`from_config`
     or Hydra's ``instantiate``.
     The sinks start at ``on_train_begin`` with the ``TrainingArguments`` as the run's config and
     close at ``on_train_end``; wrap ``trainer.train()`` in ``with callback:`` to mark a crashed run
