@@ -66,6 +66,8 @@ def _keys_rows(adapters: Sequence[str]) -> list[tuple[str, ...]]:
                     weight = f"{weight_key} > 0" if counted else weight_key
                 elif source in adapter.counts:
                     weight = "(a count: >= 0)"
+                if metric.derived:  # computed after the reduction: nothing to pass
+                    source, how, weight = "(derived)", f"derived after the reduction (run: {how})", ""
                 rows.append((name, source, key, how, weight, metric.unit, "yes" if metric.headline else "",
                              metric.meaning))
     return rows
@@ -116,7 +118,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
     from .plot import dashboard
 
     journal = scan_journal(args.journal)
-    path = dashboard(journal, run_checks(journal), args.output)
+    path = dashboard(journal, run_checks(journal), args.output, x=args.x)
     print(f"wrote {path}")
     return 0
 
@@ -298,6 +300,9 @@ def build_parser() -> argparse.ArgumentParser:
     plot = sub.add_parser("plot", help="a one-page PNG dashboard of a run from its journal")
     plot.add_argument("journal")
     plot.add_argument("-o", "--output", required=True, help="PNG file to write")
+    plot.add_argument("--x", choices=("step", "tokens", "samples", "time"), default="step",
+                      help="x-axis: the step, or the run's cumulative tokens, samples or training time "
+                           "(runs with perf on; default step)")
     plot.set_defaults(func=cmd_plot)
 
     keys = sub.add_parser("keys", help="the metric catalogue: key, reduction, weight, unit, meaning")

@@ -214,3 +214,39 @@ def test_demo_publishes_a_completions_table_in_every_tracker(demo_run: Path) -> 
     assert sorted(paths) == list(range(1, STEPS + 1))
     table = json.loads((wandb_run.path.parent / "files" / paths[STEPS]).read_text())
     assert table["data"] == samples[-1].table()
+
+
+PERF_KEYS = ("perf/window_s", "perf/window_s_mean", "perf/tokens_per_s", "perf/samples_per_s", "perf/tokens_total",
+             "perf/samples_total", "perf/time_s", "perf/rss_peak_gib", "timer/generation_s",
+             "timer/generation_s_mean", "timer/train_s", "timer/train_s_mean")
+
+
+def test_demo_publishes_throughput_and_stage_timers_in_every_tracker(demo_run: Path) -> None:
+    """Issue 28: the perf/ and timer/ keys of every training frame, read back from MLflow (sqlite),
+    TensorBoard's event files and the offline W&B run, equal the journal's."""
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    journal = read_journal(demo_run / "journal.jsonl")
+    train = [f for f in journal.frames if f.phase == "train"]
+    client = MlflowClient(tracking_uri=f"sqlite:///{demo_run}/mlflow.db")
+    experiment = client.get_experiment_by_name("posttrain-metrics-demo")
+    assert experiment is not None
+    (run,) = client.search_runs([experiment.experiment_id])
+    events = EventAccumulator(str(tensorboard_run(demo_run)), size_guidance={"scalars": 0, "tensors": 0})
+    events.Reload()
+    wandb_run = read_offline_run(demo_run / "wandb")
+    for key in PERF_KEYS:
+        want = {f.step: float(f.metrics[key]) for f in train}
+        assert len(want) == STEPS, key
+        ml = {m.step: m.value for m in client.get_metric_history(run.info.run_id, key)}
+        tb = {e.step: e.value for e in events.Scalars(key)}
+        wb = wandb_run.column(key)
+        for step, value in want.items():
+            assert ml[step] == pytest.approx(value, rel=1e-12, abs=1e-12), (key, step)
+            assert tb[step] == pytest.approx(value, rel=1e-6, abs=1e-7), (key, step)
+            assert wb[step] == pytest.approx(value, rel=1e-12, abs=1e-12), (key, step)
+    # the running totals are the sums of the window figures (the alternate x-axes)
+    tokens = [f.metrics["train/valid_token_count"] for f in train]
+    assert [f.metrics["perf/tokens_total"] for f in train] == [sum(tokens[: i + 1]) for i in range(STEPS)]
+    assert all(f.metrics["perf/window_s"] >= f.metrics["perf/window_s_mean"] > 0 for f in train)

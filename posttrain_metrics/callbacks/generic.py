@@ -18,10 +18,12 @@ In a config (Hydra/OmegaConf ``instantiate``, or :func:`build_callback` without 
     extra:                          # your own keys, one line each (see posttrain_metrics.core.extra)
       my/tokens_per_s: mean
       my/oom_retries: sum
+    perf: {params: 7.0e9, timers: [generation, reward]}   # perf/ and timer/ keys (docs/throughput.md)
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
@@ -36,6 +38,7 @@ from ..core.frame import Frame
 from ..core.layout import RefusedChunk
 from ..core.redact import redact_text
 from ..core.reducer import AdapterSpec, MetricReducer, resolve_adapters
+from ..core.throughput import Throughput
 from ..core.warn import warn
 from ..integrations.base import Sink
 from ..integrations.console import check_total_steps
@@ -73,6 +76,11 @@ class MetricsCallback:
     at interpreter exit. Under a launcher that started several ranks
     (``WORLD_SIZE`` > 1), reduce refuses until torch.distributed is initialised, unless ``local=True``
     says that a per-rank local reduction is deliberate.
+    ``perf`` turns on throughput, step time, stage timers, MFU and memory (the ``perf/`` and
+    ``timer/`` keys, docs/throughput.md): ``True``, or a mapping of
+    :class:`~posttrain_metrics.core.throughput.Throughput` options (``timers``, ``params``,
+    ``flops_per_token``, ``peak_flops``, ``memory``), or a ``Throughput`` (an injected clock);
+    time stages with ``with callback.timer("generation"):``.
     """
 
     def __init__(
@@ -91,6 +99,7 @@ class MetricsCallback:
         extra: Mapping[str, Any] | None = None,
         samples_per_step: int = 16,
         sample_max_chars: int = MAX_CHARS,
+        perf: bool | Mapping[str, Any] | Throughput = False,
     ) -> None:
         adapters, sinks = plain(adapters), plain(sinks)
         check_callback(adapters=adapters, sinks=sinks, out_dir=out_dir, run_name=run_name)
@@ -100,7 +109,14 @@ class MetricsCallback:
         if distributed.global_rank() == 0:
             self._check_folders(built)
         self._adapters = resolve_adapters(adapters)
-        self._extra = normalise(plain(extra) if extra is not None else {})
+        self._perf = _throughput(perf)
+        timers: dict[str, Any] = {}
+        if self._perf is not None:
+            if not any(a.name == "perf" for a in self._adapters):
+                self._adapters = (*self._adapters, *resolve_adapters("perf"))
+            timers = self._perf.declarations
+        extra = plain(extra) if extra is not None else {}
+        self._extra = normalise({**timers, **extra} if timers and isinstance(extra, Mapping) else extra)
         self._options: dict[str, Any] = dict(sinks=built, run_name=name, run_id=run_id, mode=publisher,
                                              close_timeout=close_timeout)
         self._group, self._local = group, local
@@ -200,15 +216,49 @@ class MetricsCallback:
         self._fixed = True
         self.publisher.start(plain(config) if config is not None else None)
         self._started = True
+        if self._perf is not None:
+            self._perf.start()
 
     def on_chunk_end(self, metrics: Mapping[str, Any] | RefusedChunk) -> None:
         """One gradient-accumulation chunk's source-name metrics (every rank)."""
         self._fixed = True
         self._reducer("train").add(metrics)
+        if self._perf is not None:
+            self._perf.start()
 
     def on_window_end(self, step: int) -> Frame:
         """End of an optimizer window: reduce on every rank, publish on rank 0."""
-        return self._publish(self._reducer("train").reduce(step, phase="train"))
+        return self._publish(self._reduce_train(step))
+
+    @property
+    def throughput(self) -> Throughput | None:
+        """The window clock and stage timers (``None`` unless ``perf`` is on)."""
+        return self._perf
+
+    def timer(self, name: str) -> contextlib.AbstractContextManager[None]:
+        """``with callback.timer("generation"):`` times a stage of the window (every rank that runs
+        it): published as ``timer/generation_s`` (max over ranks) and ``timer/generation_s_mean``;
+        repeated and nested timings of a name in one window add up. Needs ``perf`` on; the names are
+        fixed when the callback is built (``perf={"timers": [...]}`` beside the default stages)."""
+        if self._perf is None:
+            raise MetricsError(f"timer({name!r}) needs throughput on; fix: MetricsCallback(..., perf=True)")
+        return self._perf.timer(name)
+
+    def _reduce_train(self, step: int) -> Frame:
+        """Reduce the training window (collective), with this rank's window time, stage timers and
+        memory peak in the same collective, then the derived ``perf/`` figures (every rank)."""
+        reducer = self._reducer("train")
+        perf = self._perf
+        if perf is None:
+            return reducer.reduce(step, phase="train")
+        reducer.add(perf.window_chunk())
+        frame = reducer.reduce(step, phase="train")
+        figures = perf.figures(frame.metrics)
+        metrics = frame.metrics
+        if isinstance(metrics, dict):  # the reducer's fresh dict, ours alone: no copy on the hot path
+            metrics.update(figures)
+            return frame
+        return Frame(frame.step, {**metrics, **figures}, frame.phase, frame.wall_time)
 
     def on_validation_end(
         self, step: int, metrics: Mapping[str, Any] | Sequence[Mapping[str, Any] | RefusedChunk]
@@ -333,6 +383,25 @@ class MetricsCallback:
         self.on_run_end(failed=exc_type is not None, error=exc)
 
 
+def _throughput(perf: object) -> Throughput | None:
+    if isinstance(perf, Throughput):
+        return perf
+    if perf is False or perf is None:
+        return None
+    if perf is True:
+        return Throughput()
+    if isinstance(perf, Mapping):
+        allowed = {"timers", "params", "flops_per_token", "peak_flops", "memory"}
+        unknown = sorted(set(map(str, perf)) - allowed)
+        if unknown:
+            raise MetricsError(f"perf: unknown option(s) {unknown}; it takes {sorted(allowed)}")
+        timers = perf.get("timers", ())
+        if isinstance(timers, str):
+            timers = [timers]
+        return Throughput(**{**plain(dict(perf)), "timers": list(timers)})
+    raise MetricsError(f"perf={perf!r:.60}; fix: True, False, or a mapping such as {{params: 7.0e9, timers: [generation]}}")
+
+
 def build_callback(config: Mapping[str, Any]) -> MetricsCallback:
     """The callback from a plain config dict (the same shape Hydra instantiates), without Hydra.
 
@@ -347,7 +416,7 @@ def build_callback(config: Mapping[str, Any]) -> MetricsCallback:
                       "posttrain_metrics.callbacks.generic.MetricsCallback"):
         raise MetricsError(f"_target_ {target!r} is not posttrain_metrics.callbacks.MetricsCallback")
     allowed = {"adapters", "sinks", "out_dir", "run_name", "run_id", "local", "publisher", "close_timeout",
-               "total_steps", "extra", "samples_per_step", "sample_max_chars"}
+               "total_steps", "extra", "samples_per_step", "sample_max_chars", "perf"}
     unknown = sorted(set(options) - allowed)
     if unknown:
         raise MetricsError(f"unknown callback option(s) {unknown}; it takes {sorted(allowed)}")

@@ -36,6 +36,7 @@ from typing import Any
 
 from ..core.layout import RefusedChunk
 from ..core.reducer import AdapterSpec
+from ..core.throughput import Throughput
 from ..integrations.base import Sink
 from ..integrations.factory import plain
 from .generic import MetricsCallback
@@ -90,9 +91,11 @@ class LightningMetricsCallback(Callback):  # type: ignore[misc]
         run_id: str | None = None,
         output_key: str = OUTPUT_KEY,
         extra: Mapping[str, Any] | None = None,
+        perf: bool | Mapping[str, Any] | Throughput = False,
     ) -> None:
         self.metrics = MetricsCallback(
-            adapters=adapters, sinks=sinks, out_dir=out_dir, run_name=run_name, run_id=run_id, extra=extra
+            adapters=adapters, sinks=sinks, out_dir=out_dir, run_name=run_name, run_id=run_id, extra=extra,
+            perf=perf,
         )
         self.output_key = output_key
         self._seen_step: int | None = None

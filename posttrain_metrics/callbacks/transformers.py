@@ -39,6 +39,7 @@ from ..core.frame import Frame
 from ..core.layout import RefusedChunk
 from ..core.reducer import AdapterSpec
 from ..core.reduction import Reduction
+from ..core.throughput import Throughput
 from ..core.values import Scalar
 from ..core.warn import warn
 from ..integrations.base import Sink
@@ -217,7 +218,8 @@ class PosttrainMetricsCallback(TrainerCallback, MetricsCallback):  # type: ignor
     """Publishes a Trainer's or TRL ``GRPOTrainer``'s metrics through our catalogue and sinks.
 
     Constructed like :class:`~posttrain_metrics.callbacks.MetricsCallback` (``adapters``, ``sinks``,
-    ``out_dir``, ``run_name``, ``extra`` for your own keys), or from a config with :meth:`from_config`
+    ``out_dir``, ``run_name``, ``extra`` for your own keys, ``perf`` for throughput and stage timers:
+    ``with callback.timer("generation"):``), or from a config with :meth:`from_config`
     or Hydra's ``instantiate``.
     The sinks start at ``on_train_begin`` with the ``TrainingArguments`` as the run's config and
     close at ``on_train_end``; wrap ``trainer.train()`` in ``with callback:`` to mark a crashed run
@@ -238,9 +240,11 @@ class PosttrainMetricsCallback(TrainerCallback, MetricsCallback):  # type: ignor
         run_name: str | None = None,
         run_id: str | None = None,
         extra: Mapping[str, Any] | None = None,
+        perf: bool | Mapping[str, Any] | Throughput = False,
     ) -> None:
         MetricsCallback.__init__(
-            self, adapters=adapters, sinks=sinks, out_dir=out_dir, run_name=run_name, run_id=run_id, extra=extra
+            self, adapters=adapters, sinks=sinks, out_dir=out_dir, run_name=run_name, run_id=run_id, extra=extra,
+            perf=perf,
         )
         self._routes: _Routes | None = None
         self._recorded: set[str] = set()  # source names recorded via on_chunk_end in the open window
@@ -258,7 +262,7 @@ class PosttrainMetricsCallback(TrainerCallback, MetricsCallback):  # type: ignor
         target = options.pop("_target_", None)
         if target not in (None, f"{cls.__module__}.{cls.__name__}"):
             raise MetricsError(f"_target_ {target!r} is not {cls.__module__}.{cls.__name__}")
-        allowed = {"adapters", "sinks", "out_dir", "run_name", "run_id", "extra"}
+        allowed = {"adapters", "sinks", "out_dir", "run_name", "run_id", "extra", "perf"}
         unknown = sorted(set(options) - allowed)
         if unknown:
             raise MetricsError(f"unknown callback option(s) {unknown}; it takes {sorted(allowed)}")
@@ -336,7 +340,7 @@ class PosttrainMetricsCallback(TrainerCallback, MetricsCallback):  # type: ignor
         reducer = self._reducer("train")
         if out.chunk and global_rank() == 0:  # already-global values: contributed exactly once
             reducer.add(out.chunk)
-        self._emit(reducer.reduce(step, phase="train"), out)
+        self._emit(self._reduce_train(step), out)
 
     def _close_eval(self, step: int, args: Any, logs: Mapping[str, Any]) -> None:
         self._close_open_window(args)

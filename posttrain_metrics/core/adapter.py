@@ -37,7 +37,10 @@ class Metric:
     only when ``kl_beta > 0``). ``run`` says what an ``AGREED`` counter or flag aggregates to over the
     run (:class:`RunAggregate`: the last value of a running counter such as ``optimizer_step``, the
     windows where a per-window flag held, the total of a window's own count); the catalogue declares
-    it on each, a key that does not reads as ``LAST``.
+    it on each, a key that does not reads as ``LAST``. ``derived`` marks a key computed on every rank
+    after the reduction from reduced figures (``perf/tokens_per_s`` = summed tokens / slowest rank's
+    window time): it takes no slot in the packed state and no producer may report it; ``reduction``
+    then says how its values fold over the run.
 
     >>> Metric("kl_max", Reduction.MAX, "Largest per-token K3 penalty of the step").leaf
     'kl_max'
@@ -58,6 +61,7 @@ class Metric:
     second_moment: str | None = None
     count: bool = False
     run: RunAggregate | None = None
+    derived: bool = False
 
     @property
     def run_aggregate(self) -> RunAggregate | None:

@@ -183,6 +183,8 @@ class Layout:
         for adapter in self.adapters:
             counts = adapter.counts
             for source, metric in adapter.metrics.items():
+                if metric.derived:  # computed after the reduction, from reduced figures: no slot
+                    continue
                 if source in owner or (source in self.ignored and source not in adapter.ignored):
                     raise MetricsError(
                         f"source name {source!r} of adapter {adapter.name!r} is also declared or "

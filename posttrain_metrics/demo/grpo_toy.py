@@ -39,6 +39,7 @@ update's, and the running counters account for every attempt.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import math
@@ -672,6 +673,12 @@ def completion_rows(batch: Batch, config: ToyConfig, rank: int) -> list[dict[str
     return rows
 
 
+def _stage(hooks: TrainerHooks, name: str) -> contextlib.AbstractContextManager[None]:
+    """``hooks.timer(name)`` when the hooks time stages (the callback with ``perf`` on), else nothing."""
+    timer = getattr(hooks, "timer", None)
+    return timer(name) if callable(timer) and getattr(hooks, "throughput", None) is not None else contextlib.nullcontext()
+
+
 def train_step(
     step: int,
     policy: DigitPolicy,
@@ -686,7 +693,8 @@ def train_step(
     """One collected batch and its updates; hands every chunk to the hooks. Returns the global
     reward mean of the batch, and the batch (its completions go to ``on_samples``)."""
     started = time.perf_counter()
-    batch = collect(policy, reference, config, step, gen)
+    with _stage(hooks, "generation"):
+        batch = collect(policy, reference, config, step, gen)
     divisors, reward_mean = global_counts(batch, config, world_size)
     params = list(policy.parameters())
     # This window's updates by outcome, reported so far on each update's last chunk: the window's
@@ -694,8 +702,9 @@ def train_step(
     window = {"applied": 0, "skipped": 0}
     for m in range(config.n_minibatches):
         for c in range(config.grad_accum_chunks):
-            loss, metrics = chunk_objective(policy, batch, minibatch_rows(config, m, c), divisors[m], config)
-            loss.backward()  # type: ignore[no-untyped-call]
+            with _stage(hooks, "train"):
+                loss, metrics = chunk_objective(policy, batch, minibatch_rows(config, m, c), divisors[m], config)
+                loss.backward()  # type: ignore[no-untyped-call]
             if m == 0 and c == 0:
                 metrics.update(batch.report)
             if c < config.grad_accum_chunks - 1:

@@ -39,12 +39,15 @@ from .thresholds import (
     SC_RHO_MAX_LARGE,
     SC_TOKENS,
     SKIP_REASON,
+    THROUGHPUT_BASELINE,
+    THROUGHPUT_DROP_FRACTION,
+    TOKENS_PER_S,
     TRUNCATED,
     TRUNCATION_RISE,
     VALID_TOKENS,
     ZERO_GRAD,
 )
-from .trends import _DpoAccuracy, _LengthBudget, _LogprobGapNoData, _LogprobGapRising
+from .trends import _DpoAccuracy, _LengthBudget, _LogprobGapNoData, _LogprobGapRising, _ThroughputDrop
 from .updates import _NonfiniteApplied, _NonfiniteInARow, _NonfiniteValues, _UpdateSkipped, _ZeroGradSkips
 
 __all__ = ["CHECKS", "run_checks"]
@@ -87,6 +90,9 @@ CHECKS: tuple[Check, ...] = (
           _JournalGap),
     Check("run_end", Severity.WARNING, ("journal end",), "status 'failed' (info: interrupted, no end record)", _RunEnd),
     Check("zero_grad_skips", Severity.INFO, (ZERO_GRAD,), "zero_grad_skips_total rose", _ZeroGradSkips),
+    Check("throughput_drop", Severity.INFO, (TOKENS_PER_S,),
+          f"tokens_per_s < {THROUGHPUT_DROP_FRACTION:g} x median of the previous {THROUGHPUT_BASELINE} windows",
+          _ThroughputDrop),
 )
 """Every check the doctor runs, in report order within a severity."""
 

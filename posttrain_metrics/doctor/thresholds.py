@@ -117,3 +117,12 @@ CRITIC_STEP = "optim/critic_optimizer_step"
 DPO_ACCURACY = "train/dpo_accuracy"
 SC_RHO_MAX = "train/sc_rho_max"
 SC_TOKENS = "train/sc_token_count"
+
+# throughput
+TOKENS_PER_S = "perf/tokens_per_s"
+THROUGHPUT_DROP_FRACTION = 0.5
+"""tokens/s below this fraction of the recent median is a sudden drop: halving is far outside the
+window-to-window noise of a steady run, and what a straggler, a swap storm or a throttled device does."""
+THROUGHPUT_BASELINE = 8
+"""The recent median is over this many previous windows that counted tokens (a window with no
+counted token says nothing about speed and is left out)."""

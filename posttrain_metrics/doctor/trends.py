@@ -10,7 +10,7 @@ import statistics
 from collections.abc import Iterator
 
 from ..core.frame import Frame
-from .engine import Severity, _fmt, _Hit, _number, _Run, _Watch, config_int
+from .engine import Severity, _count, _fmt, _Hit, _number, _Run, _Watch, config_int
 from .thresholds import (
     BASELINE_FRACTION,
     BUDGET_CONFIG_NAMES,
@@ -23,6 +23,9 @@ from .thresholds import (
     GAP_RISE_FACTOR,
     GAP_RISE_MIN,
     LEN_MAX,
+    THROUGHPUT_BASELINE,
+    THROUGHPUT_DROP_FRACTION,
+    TOKENS_PER_S,
     TREND_MIN_FRAMES,
     TRUNCATED,
     TRUNCATION_RISE,
@@ -269,3 +272,33 @@ class _DpoAccuracy(_Trend):
             + "check the learning rate, beta and the reference model (dpo_reward_margin, dpo_err_*)",
             (DPO_ACCURACY,),
         )
+
+
+class _ThroughputDrop(_Watch):
+    def __init__(self, run: _Run) -> None:
+        self.recent: list[float] = []
+        self.steps = array.array("q")
+        self.worst = math.inf  # the lowest value / baseline seen at a drop
+
+    def see(self, frame: Frame) -> None:
+        value = _number(frame.metrics.get(TOKENS_PER_S))
+        if value is None or not math.isfinite(value) or value <= 0:
+            return
+        if len(self.recent) >= THROUGHPUT_BASELINE:
+            baseline = statistics.median(self.recent)
+            if value < THROUGHPUT_DROP_FRACTION * baseline:
+                self.steps.append(frame.step)
+                self.worst = min(self.worst, value / baseline)
+        self.recent.append(value)
+        del self.recent[:-THROUGHPUT_BASELINE]
+
+    def hits(self) -> Iterator[_Hit]:
+        if self.steps:
+            yield _Hit(
+                self.steps,
+                f"tokens/s fell below {THROUGHPUT_DROP_FRACTION:.0%} of the median of the previous "
+                f"{THROUGHPUT_BASELINE} windows at {_count(self.steps, 'step')} (down to {self.worst:.0%})",
+                "compare perf/window_s with perf/window_s_mean (one slow rank, or all?) and the timer/ stages "
+                "of those steps; memory (perf/*_peak_gib) near the device's limit is a usual suspect",
+                (TOKENS_PER_S, "perf/window_s", "perf/window_s_mean"),
+            )

@@ -20,6 +20,12 @@ A training frame and a validation frame of the same step are two rows with the s
 `trainer/step`. Each row's `_timestamp` is the frame's wall time, so a replayed run keeps its
 real clock.
 
+**Alternate x-axes (issue 28).** With throughput on (`perf`), the run's cumulative tokens, samples
+and training time (`perf/tokens_total`, `perf/samples_total`, `perf/time_s`) are defined as step
+metrics beside `trainer/step` (each with a `max` summary: the run's total), so any chart can
+select them as its x-axis; `x_axis="tokens"` (or `"samples"`, `"time"`) binds every namespace to
+that one instead of `trainer/step`, to compare runs by tokens seen.
+
 **Summaries follow the key's semantics.** `define_metric` per declared key:
 
 | reduction of the key | W&B summary (the runs table) |
@@ -131,6 +137,8 @@ RUN_PREFIX = "run/"
 """Our run aggregates live under ``run/<key>`` in the run summary."""
 
 NAMESPACES = ("train", "val", "optim", "timer", "health")
+X_AXES = {"step": STEP_KEY, "tokens": "perf/tokens_total", "samples": "perf/samples_total", "time": "perf/time_s"}
+"""The x-axes a run can bind its namespaces to (``x_axis=``); the last three need ``perf`` on."""
 """Namespaces bound to :data:`STEP_KEY` even before a key of theirs is seen."""
 
 MODES = ("online", "offline", "disabled", "shared")
@@ -254,7 +262,11 @@ class WandbSink:
         capture_console: bool = False,
         summary_every: int = 10,
         settings: Mapping[str, Any] | None = None,
+        x_axis: str = "step",
     ) -> None:
+        if x_axis not in X_AXES:
+            raise MetricsError(f"WandbSink x_axis={x_axis!r}; fix: use one of {list(X_AXES)}")
+        self.x_axis = x_axis
         if mode is not None and mode not in MODES:
             raise MetricsError(f"WandbSink mode={mode!r}; fix: use one of {list(MODES)} or None")
         if isinstance(tags, str):
@@ -287,6 +299,7 @@ class WandbSink:
         self._handles: dict[str, Any] = {}
         self._summary: RunSummary | None = None
         self._bound: set[str] = set()
+        self._axis = STEP_KEY  # what the namespaces are bound to (x_axis, once its key is known at start)
         self._labels: dict[str, str] = {}  # categorical key -> phase of the frame that last held it
         self._frames = 0
 
@@ -340,12 +353,18 @@ class WandbSink:
         self._labels = {}
         self._frames = 0
         wb_run.define_metric(STEP_KEY)
+        axes = [axis for axis in X_AXES.values() if axis in run.keys]  # step metrics beside trainer/step
+        for axis in axes:
+            wb_run.define_metric(axis, summary="max")
+        self._axis = X_AXES[self.x_axis] if X_AXES[self.x_axis] in (STEP_KEY, *axes) else STEP_KEY
         for namespace in (*NAMESPACES, *(info.namespace for info in run.keys.values())):
             self._bind(namespace)
         for key, info in run.keys.items():
-            wb_run.define_metric(key, step_metric=STEP_KEY, summary=summary_for(info))
+            if key in axes:
+                continue
+            wb_run.define_metric(key, step_metric=self._axis, summary=summary_for(info))
             for label in info.metric.labels:
-                wb_run.define_metric(label_key(key, label), step_metric=STEP_KEY, summary=_LABEL_SUMMARY)
+                wb_run.define_metric(label_key(key, label), step_metric=self._axis, summary=_LABEL_SUMMARY)
 
     def write(self, frame: Frame) -> None:
         run, summary = self._run, self._summary
@@ -441,7 +460,7 @@ class WandbSink:
                 "tags": list(self.tags), "group": self.group, "job_type": self.job_type, "notes": self.notes,
                 "resume": self.resume, "init_timeout": self.init_timeout, "system_metrics": self.system_metrics,
                 "capture_console": self.capture_console, "summary_every": self.summary_every,
-                "settings": self.settings}
+                "settings": self.settings, **({"x_axis": self.x_axis} if self.x_axis != "step" else {})}
 
     def run_settings(self) -> dict[str, Any]:
         """Where the run goes, as resolved from the arguments and W&B's environment variables:
@@ -461,7 +480,7 @@ class WandbSink:
         if self._run is None or namespace in self._bound or namespace == STEP_KEY.split("/", 1)[0]:
             return
         self._bound.add(namespace)
-        self._run.define_metric(f"{namespace}/*", step_metric=STEP_KEY)
+        self._run.define_metric(f"{namespace}/*", step_metric=self._axis)
 
     @staticmethod
     def _push_summary(run: Run, summary: RunSummary) -> None:

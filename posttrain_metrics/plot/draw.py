@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import textwrap
@@ -15,7 +16,7 @@ from ..core.redact import redact_text
 from ..doctor import BUDGET_CONFIG_NAMES, Finding, JournalLike, Severity, config_int, step_ranges
 from ..journal import header_adapter
 from .panels import PANELS, Panel
-from .series import _Data
+from .series import X_AXES, _Data, _on_x_axis
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -63,13 +64,20 @@ def _import_matplotlib() -> tuple[Any, Any]:
     return Figure, FigureCanvasAgg
 
 
-def dashboard(journal: JournalLike, findings: Sequence[Finding], output_path: str | os.PathLike[str]) -> Path:
-    """Write the run's one-page dashboard as a PNG at ``output_path``; returns the path written."""
+def dashboard(journal: JournalLike, findings: Sequence[Finding], output_path: str | os.PathLike[str],
+              *, x: str = "step") -> Path:
+    """Write the run's one-page dashboard as a PNG at ``output_path``; returns the path written.
+    ``x`` is the x-axis: ``step``, or (runs with ``perf`` on) ``tokens``, ``samples`` or ``time``."""
     path = Path(output_path)
     if path.suffix.lower() != ".png":
         raise MetricsError(f"plot output {str(path)!r} is not a .png file; fix: name it FILE.png")
+    if x not in X_AXES:
+        raise MetricsError(f"plot --x {x!r}; fix: one of {list(X_AXES)}")
     figure_cls, canvas_cls = _import_matplotlib()
     data = _Data(journal)
+    if x != "step":
+        _on_x_axis(data, X_AXES[x])
+        findings = [dataclasses.replace(f, steps=()) if f.steps else f for f in findings]  # marks are by step
     heads, unknown = _headline_keys(journal.header)
     panels = _choose_panels(data, heads)
     strips = sorted(data.labels)
@@ -124,8 +132,8 @@ def dashboard(journal: JournalLike, findings: Sequence[Finding], output_path: st
         row += 1
     bottom = time_axes[-1:] if strips or marked else time_axes[-len(panels) % columns or -columns :]
     for ax in bottom:
-        ax.set_xlabel("step", fontsize=9)
-    if first is not None:
+        ax.set_xlabel("step" if x == "step" else X_AXES[x], fontsize=9)
+    if first is not None and x == "step":
         from matplotlib.ticker import MaxNLocator
 
         first.xaxis.set_major_locator(MaxNLocator(integer=True))  # shared: steps are integers

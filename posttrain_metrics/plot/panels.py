@@ -51,5 +51,6 @@ PANELS: tuple[Panel, ...] = (
     Panel("PPO optimizer counters", ("policy_optimizer_step", "critic_optimizer_step"), right=("actor_warmup",)),
     Panel("PPO value and advantage", ("value_mean", "return_mean", "advantage_mean")),
     Panel("Learning rate", ("learning_rate", "policy_lr", "critic_lr"), log=True),
+    Panel("Throughput", ("tokens_per_s",), right=("window_s",)),
 )
 """The families drawn when present, in page order (two per row)."""

@@ -4,10 +4,12 @@ length takes bounded memory (see :data:`BUCKETS`)."""
 from __future__ import annotations
 
 import array
+import bisect
 import math
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from ..core.errors import MetricsError
 from ..doctor import JournalLike
 from .panels import PANELS
 
@@ -340,3 +342,34 @@ def _band(a: _Points | None, b: _Points | None) -> tuple[Series, Series]:
                 rows[step] = (other, value) if flip else (value, other)
     ordered = sorted(rows.items())
     return [(s, x) for s, (x, _) in ordered if x == x], [(s, y) for s, (_, y) in ordered if y == y]
+
+
+# -- alternate x-axes (issue 28): the run's cumulative tokens, samples or time instead of the step ------
+
+X_AXES = {"step": "", "tokens": "perf/tokens_total", "samples": "perf/samples_total", "time": "perf/time_s"}
+
+
+def _on_x_axis(data: _Data, key: str) -> None:
+    """Put every series of ``data`` on the x-axis ``key`` (a running total, non-decreasing in the
+    step): each step maps to the total at that step, linearly between the points kept of a thinned
+    long run. A run without the key (``perf`` off) is a MetricsError with the fix."""
+    axis = sorted(data.numeric.get(key, []))
+    if not axis:
+        raise MetricsError(f"plot --x: the journal has no {key} (throughput was off); fix: run with "
+                           "MetricsCallback(perf=True), or plot against the step")
+    steps, totals = [s for s, _ in axis], [v for _, v in axis]
+
+    def at(step: int) -> float:
+        i = bisect.bisect_left(steps, step)
+        if i < len(steps) and steps[i] == step:
+            return totals[i]
+        if i == 0:
+            return totals[0]
+        if i == len(steps):
+            return totals[-1]
+        s0, s1, v0, v1 = steps[i - 1], steps[i], totals[i - 1], totals[i]
+        return v0 + (v1 - v0) * (step - s0) / (s1 - s0)
+
+    data.numeric = {k: [(at(s), v) for s, v in series] for k, series in data.numeric.items()}  # type: ignore[misc]
+    data.labels = {k: [(at(s), v) for s, v in strip] for k, strip in data.labels.items()}  # type: ignore[misc]
+    data.nonfinite = {k: [at(s) for s in steps_] for k, steps_ in data.nonfinite.items()}  # type: ignore[misc]

@@ -12,6 +12,7 @@ from .flow_bc import FLOW_BC
 from .grpo import GRPO
 from .nft import NFT
 from .opd import OPD_ADVANTAGE, OPD_DIRECT
+from .perf import PERF
 from .ppo import PPO
 from .reward import REWARD
 from .trainer import TRAINER
@@ -21,7 +22,7 @@ from .validation import VALIDATION
 __all__ = ["BUILTIN", "adapter_names", "get_adapter", "register_adapter"]
 
 BUILTIN: tuple[MetricAdapter, ...] = (
-    GRPO, PPO, DPO, OPD_DIRECT, OPD_ADVANTAGE, NFT, FLOW_BC, REWARD, VALIDATION, TRAINER, TRL_GRPO,
+    GRPO, PPO, DPO, OPD_DIRECT, OPD_ADVANTAGE, NFT, FLOW_BC, REWARD, VALIDATION, TRAINER, TRL_GRPO, PERF,
 )
 
 _REGISTRY: dict[str, MetricAdapter] = {adapter.name: adapter for adapter in BUILTIN}
@@ -29,7 +30,7 @@ _REGISTRY: dict[str, MetricAdapter] = {adapter.name: adapter for adapter in BUIL
 
 def get_adapter(name: str) -> MetricAdapter:
     """The adapter registered under ``name`` (built-in: grpo, ppo, dpo, opd_direct, opd_advantage,
-    nft, flow_bc, reward, validation, trainer, trl_grpo)."""
+    nft, flow_bc, reward, validation, trainer, trl_grpo, perf)."""
     try:
         return _REGISTRY[name]
     except KeyError:
