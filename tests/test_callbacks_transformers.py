@@ -192,8 +192,13 @@ def free_port() -> int:
 
 
 def run_worker(kind: str, out: Path, *, ranks: int) -> subprocess.CompletedProcess[str]:
+    return run_worker_file(HERE, kind, out, ranks=ranks)
+
+
+def run_worker_file(script: Path, kind: str, out: Path, *, ranks: int) -> subprocess.CompletedProcess[str]:
+    """Run ``script --worker kind out`` (under torch.distributed.run for several ranks), offline."""
     out.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, str(HERE), "--worker", kind, str(out)]
+    cmd = [sys.executable, str(script), "--worker", kind, str(out)]
     if ranks > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
                "--master_addr", "127.0.0.1", "--master_port", str(free_port()), *cmd[1:]]
