@@ -247,7 +247,7 @@ def test_trainer_two_gloo_ranks_maps_logged_keys_and_reduces_micro_batches_exact
         assert metrics["train/loss_avg"] == row["loss"]
         assert metrics["train/grad_norm"] == row["grad_norm"]
         assert metrics["train/learning_rate"] == row["learning_rate"]
-        assert metrics["train/trl_epoch"] == row["epoch"]
+        assert metrics["train/epoch"] == row["epoch"] and "train/trl_epoch" not in metrics
         assert not set(UNIT_WEIGHTS) & set(metrics), "a unit weight was published"
 
     # 2. the per-micro-batch path: exact over both ranks and both micro-batches of each window
@@ -268,7 +268,9 @@ def test_trainer_two_gloo_ranks_maps_logged_keys_and_reduces_micro_batches_exact
     # 3. evaluation: eval_loss and the Trainer's timings pass through under val/
     journal = read_journal(out / "journal.jsonl")
     (val,) = [f for f in journal.frames if f.phase == "val"]
-    assert val.step == 3 and "val/trl_loss" in val.metrics and "val/trl_runtime" in val.metrics
+    assert val.step == 3 and "val/loss" in val.metrics and "val/runtime_s" in val.metrics
+    assert "val/samples_per_s" in val.metrics and "val/steps_per_s" in val.metrics
+    assert not any(k.startswith("val/trl_") for k in val.metrics), sorted(val.metrics)
 
     # 4. the same figures in MLflow (embedded SQLite), TensorBoard and W&B (offline), read back
     run, history = mlflow_history(out, "hf-callback")
@@ -282,7 +284,7 @@ def test_trainer_two_gloo_ranks_maps_logged_keys_and_reduces_micro_batches_exact
     events.Reload()
     wandb_run = read_offline_run(out / "wandb")
     for key in ("train/loss_avg", "train/grad_norm", "train/learning_rate", "train/token_nll",
-                "train/token_accuracy", "train/trl_epoch"):
+                "train/token_accuracy", "train/epoch"):
         for step, metrics in frames.items():
             assert history[key][step] == pytest.approx(metrics[key], rel=1e-12), (key, step)
             assert {e.step: e.value for e in events.Scalars(key)}[step] == pytest.approx(metrics[key], rel=1e-6)

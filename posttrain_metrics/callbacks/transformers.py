@@ -238,7 +238,7 @@ class PosttrainMetricsCallback(TrainerCallback, MetricsCallback):  # type: ignor
 
     >>> cb = PosttrainMetricsCallback(sinks=[{"type": "memory"}])
     >>> sorted(a.name for a in cb.publisher.adapters)
-    ['grpo', 'reward', 'trainer', 'trl_grpo', 'validation']
+    ['grpo', 'hf_trainer', 'reward', 'trainer', 'trl_grpo', 'trl_grpo_exact', 'validation']
     """
 
     def __init__(

@@ -83,7 +83,7 @@ def check_trl(trainer_class: type | None = None) -> str:
     """
     try:
         import trl
-        from trl import GRPOTrainer
+        from trl import GRPOTrainer  # type: ignore[attr-defined]  # trl re-exports it lazily
     except ImportError as exc:
         raise MetricsError(f"exact_grpo needs TRL ({exc}); fix: pip install 'posttrain-metrics[trl]'") from None
     version = str(getattr(trl, "__version__", "?"))
