@@ -116,7 +116,7 @@ def worker_trainer(out: Path) -> None:
         return {"input_ids": ids, "labels": labels, "attention_mask": mask}
 
     callback = PosttrainMetricsCallback(
-        adapters=["grpo", "reward", "trainer", "validation", "trl_grpo", LM],
+        adapters=["grpo", "reward", "trainer", "validation", "trl_grpo", "hf_trainer", LM],
         sinks=sinks(wandb=True), out_dir=out, run_name="hf-trainer",
     )
     dump = open(out / f"chunks-rank{rank}.jsonl", "w")  # noqa: SIM115 - closed below
@@ -403,6 +403,27 @@ def test_recorded_micro_batches_win_over_logged_values_and_warnings_come_once() 
         assert "train/kl_mean" not in frame.metrics  # TRL's kl cannot join a recorded valid_token_count
     (warned,) = [str(w.message) for w in caught]
     assert "kl -> dropped: its weight train/valid_token_count is recorded per micro-batch" in warned
+
+
+def test_plain_trainer_keys_have_names_of_their_own() -> None:
+    """Issue 29 item 4: epoch, eval_loss and the evaluation timings, not train/trl_epoch, val/trl_loss."""
+    sink = MemorySink()
+    cb = PosttrainMetricsCallback(sinks=[sink])
+    args = transformers.TrainingArguments(output_dir="unused", report_to="none", use_cpu=True)
+    state, control = transformers.TrainerState(), transformers.TrainerControl()
+    state.logging_steps = 1
+    cb.on_train_begin(args, state, control)
+    state.global_step = 1
+    control.should_log = True
+    cb.on_step_end(args, state, control)
+    cb.on_log(args, state, control, logs={"loss": 2.0, "grad_norm": 1.0, "learning_rate": 0.1, "epoch": 0.5})
+    cb.on_log(args, state, control, logs={"eval_loss": 1.5, "eval_runtime": 2.0, "eval_samples_per_second": 4.0,
+                                          "eval_steps_per_second": 1.0, "epoch": 0.5})
+    cb.on_train_end(args, state, control)
+    train, val = sink.frames
+    assert train.metrics == {"train/loss_avg": 2.0, "train/grad_norm": 1.0, "train/learning_rate": 0.1,
+                             "train/epoch": 0.5}
+    assert val.metrics == {"val/loss": 1.5, "val/runtime_s": 2.0, "val/samples_per_s": 4.0, "val/steps_per_s": 1.0}
 
 
 def test_steps_without_a_log_still_publish_recorded_windows() -> None:

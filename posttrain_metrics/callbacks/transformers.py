@@ -356,7 +356,8 @@ class PosttrainMetricsCallback(TrainerCallback, MetricsCallback):  # type: ignor
 
     def _close_eval(self, step: int, args: Any, logs: Mapping[str, Any]) -> None:
         self._close_open_window(args)
-        out = self._translate({k.removeprefix("eval_"): v for k, v in logs.items()}, "val", args)
+        # the evaluation log repeats the Trainer's epoch, which the train frame of this step carries
+        out = self._translate({k.removeprefix("eval_"): v for k, v in logs.items() if k != "epoch"}, "val", args)
         if any("val" in a.phases for a in self.publisher.adapters):  # the same answer on every rank
             reducer = self._reducer("val")
             if out.chunk and global_rank() == 0:
