@@ -270,6 +270,81 @@ def test_exact_grpo_wants_our_callback_and_its_adapters() -> None:
         exact_grpo(trainer, PosttrainMetricsCallback(adapters=["grpo", "reward", "trainer"], sinks=[{"type": "memory"}]))
 
 
+def fake_trainer(level: str, rank: int, rewards: Any = None) -> Any:
+    from types import SimpleNamespace as NS
+
+    args = NS(importance_sampling_level=level, use_bias_correction_kl=False, num_iterations=1, logging_steps=1,
+              gradient_accumulation_steps=2, steps_per_generation=2, logging_strategy="steps", use_vllm=False)
+    return NS(args=args, _metrics={"train": {}}, model=NS(training=True), eos_token_ids=[1],
+              _tokenizer=NS(pad_token_id=0), accelerator=NS(process_index=rank), reward_func_names=["f"])
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_each_ranks_share_of_trl_global_means_reduces_to_the_exact_figure(level: str) -> None:
+    """The hint, in process: TRL's global mean of each micro-batch, weighted by each rank's count."""
+    import torch
+
+    from posttrain_metrics import reduce_metrics
+    from posttrain_metrics.callbacks.trl import _Recorder
+
+    cb = PosttrainMetricsCallback(sinks=[{"type": "memory"}])
+    # micro-batch -> rank -> (loss mask, whether each row was clipped); token counts differ everywhere
+    data = [
+        [([[1, 1, 1, 0], [1, 0, 0, 0]], [1, 0]), ([[1, 1, 1, 1], [1, 1, 0, 0]], [0, 1])],
+        [([[1, 0, 0, 0], [1, 1, 0, 0]], [1, 1]), ([[1, 1, 1, 1], [1, 1, 1, 0]], [0, 0])],
+    ]
+    chunks: list[list[dict[str, Any]]] = [[], []]
+    tokens_all = rows_all = hits_tok = hits_seq = 0
+    for micro in data:
+        tok = sum(sum(map(sum, mask)) for mask, _ in micro)
+        rows = sum(len(mask) for mask, _ in micro)
+        tok_hits = sum(f * sum(row) for mask, flags in micro for row, f in zip(mask, flags, strict=True))
+        seq_hits = sum(sum(flags) for _, flags in micro)
+        tokens_all, rows_all, hits_tok, hits_seq = tokens_all + tok, rows_all + rows, hits_tok + tok_hits, \
+            hits_seq + seq_hits
+        global_mean = seq_hits / rows if level == "sequence" else tok_hits / tok  # what TRL appends
+        for r, (mask, _) in enumerate(micro):
+            recorder = _Recorder(fake_trainer(level, r), cb, "1.16.0")
+            inputs = {"completion_mask": torch.tensor(mask), "advantages": torch.zeros(len(mask))}
+            chunks[r].append(recorder.loss_chunk(inputs, {"clip_ratio/region_mean": [global_mean], "entropy": [0.5]}))
+    frame = reduce_metrics(["grpo", "trl_grpo_exact"], chunks)
+    if level == "sequence":
+        assert frame["train/seq_clip_frac"] == hits_seq / rows_all and frame["train/valid_sequence_count"] == rows_all
+        assert "train/clip_frac" not in frame
+    else:
+        assert frame["train/clip_frac"] == pytest.approx(hits_tok / tokens_all, rel=1e-15)
+        assert frame["train/valid_token_count"] == tokens_all
+    assert frame["train/entropy_mean"] == 0.5
+
+
+def test_generation_figures_take_each_ranks_completions_and_the_population_std() -> None:
+    import torch
+
+    from posttrain_metrics import reduce_metrics
+    from posttrain_metrics.callbacks.trl import _Recorder
+
+    cb = PosttrainMetricsCallback(sinks=[{"type": "memory"}])
+    rewards = torch.tensor([[1.0], [0.0], [float("nan")], [1.0], [1.0], [0.0]])  # 3 completions per rank
+    values = [1.0, 0.0, 1.0, 1.0, 0.0]  # the scored ones
+    mean = sum(values) / 5
+    sample_std = (sum((v - mean) ** 2 for v in values) / 4) ** 0.5
+    new = {"reward": [mean], "reward_std": [sample_std], "rewards/f/mean": [mean], "rewards/f/std": [sample_std],
+           "completions/mean_length": [4.0], "completions/max_length": [8.0]}
+    chunks = []
+    for r, completions in enumerate(([[5, 1], [5, 5, 5, 5, 5, 5, 5, 5], [1]], [[5, 5, 5, 1], [5, 1], [5, 5, 1]])):
+        recorder = _Recorder(fake_trainer("token", r), cb, "1.16.0")
+        recorder.local_completions, recorder.rewards = completions, rewards
+        chunks.append([recorder.generation_chunk(new)])
+    ours = [[{k: v for k, v in c.items() if not k.startswith("train/reward_f_")} for c in rank] for rank in chunks]
+    frame = reduce_metrics(["grpo", "reward", "trl_grpo_exact"], ours)
+    assert frame["train/rollout_count"] == 5 and frame["train/response_count"] == 6
+    assert frame["train/reward_mean"] == pytest.approx(mean) and frame["train/response_len_max"] == 8.0
+    population = (sum((v - mean) ** 2 for v in values) / 5) ** 0.5
+    assert frame["train/reward_std"] == pytest.approx(population, rel=1e-12)
+    assert frame["train/terminated_count"] == 5  # every completion but the one cut at 8 tokens
+    assert chunks[0][0]["train/reward_f_count"] == 2 and chunks[1][0]["train/reward_f_count"] == 3
+
+
 if __name__ == "__main__":
     _, flag, kind, where = sys.argv
     assert flag == "--worker"

@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..core.errors import MetricsError
-from .transformers import PosttrainMetricsCallback
+from .transformers import PosttrainMetricsCallback, When, conditions
 
 __all__ = ["SUPPORTED_TRL", "TESTED_TRL", "check_trl", "exact_grpo"]
 
@@ -148,12 +148,9 @@ class _Recorder:
 
     def __init__(self, trainer: Any, metrics: PosttrainMetricsCallback, version: str) -> None:
         self.trainer, self.metrics, self.version = trainer, metrics, version
-        self.sequence_level = getattr(trainer, "importance_sampling_level", "token") == "sequence"
-        args = trainer.args
-        on_policy = (int(getattr(trainer, "num_iterations", 1) or 1) == 1
-                     and int(args.steps_per_generation) <= int(args.gradient_accumulation_steps)
-                     and not getattr(trainer, "use_vllm", False))
-        self.raw_kl = not getattr(args, "use_bias_correction_kl", False) or on_policy
+        holds = conditions(trainer.args)  # the callback's own reading of the run's arguments
+        self.sequence_level = When.SEQUENCE_LEVEL in holds
+        self.raw_kl = When.RAW_KL in holds  # TRL's kl is the plain K3 (else K3 times the ratio)
         self.local_completions: list[list[int]] | None = None
         self.rewards: Any = None  # the gathered rewards per function, as TRL computed them
 
