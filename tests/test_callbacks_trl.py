@@ -287,7 +287,6 @@ def test_each_ranks_share_of_trl_global_means_reduces_to_the_exact_figure(level:
     from posttrain_metrics import reduce_metrics
     from posttrain_metrics.callbacks.trl import _Recorder
 
-    cb = PosttrainMetricsCallback(sinks=[{"type": "memory"}])
     # micro-batch -> rank -> (loss mask, whether each row was clipped); token counts differ everywhere
     data = [
         [([[1, 1, 1, 0], [1, 0, 0, 0]], [1, 0]), ([[1, 1, 1, 1], [1, 1, 0, 0]], [0, 1])],
@@ -304,7 +303,7 @@ def test_each_ranks_share_of_trl_global_means_reduces_to_the_exact_figure(level:
             hits_seq + seq_hits
         global_mean = seq_hits / rows if level == "sequence" else tok_hits / tok  # what TRL appends
         for r, (mask, _) in enumerate(micro):
-            recorder = _Recorder(fake_trainer(level, r), cb, "1.16.0")
+            recorder = _Recorder(fake_trainer(level, r), "1.16.0")
             inputs = {"completion_mask": torch.tensor(mask), "advantages": torch.zeros(len(mask))}
             chunks[r].append(recorder.loss_chunk(inputs, {"clip_ratio/region_mean": [global_mean], "entropy": [0.5]}))
     frame = reduce_metrics(["grpo", "trl_grpo_exact"], chunks)
@@ -323,7 +322,6 @@ def test_generation_figures_take_each_ranks_completions_and_the_population_std()
     from posttrain_metrics import reduce_metrics
     from posttrain_metrics.callbacks.trl import _Recorder
 
-    cb = PosttrainMetricsCallback(sinks=[{"type": "memory"}])
     rewards = torch.tensor([[1.0], [0.0], [float("nan")], [1.0], [1.0], [0.0]])  # 3 completions per rank
     values = [1.0, 0.0, 1.0, 1.0, 0.0]  # the scored ones
     mean = sum(values) / 5
@@ -332,7 +330,7 @@ def test_generation_figures_take_each_ranks_completions_and_the_population_std()
            "completions/mean_length": [4.0], "completions/max_length": [8.0]}
     chunks = []
     for r, completions in enumerate(([[5, 1], [5, 5, 5, 5, 5, 5, 5, 5], [1]], [[5, 5, 5, 1], [5, 1], [5, 5, 1]])):
-        recorder = _Recorder(fake_trainer("token", r), cb, "1.16.0")
+        recorder = _Recorder(fake_trainer("token", r), "1.16.0")
         recorder.local_completions, recorder.rewards = completions, rewards
         chunks.append([recorder.generation_chunk(new)])
     ours = [[{k: v for k, v in c.items() if not k.startswith("train/reward_f_")} for c in rank] for rank in chunks]

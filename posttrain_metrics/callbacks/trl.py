@@ -128,14 +128,14 @@ _LOSS_KEYS_SEQUENCE = {
     "clip_ratio/region_mean": "grpo_seq_clip_frac",
 }
 _EXTREMA = {"clip_ratio/low_min": "trl_exact_clip_low_seq_min", "clip_ratio/high_max": "trl_exact_clip_high_seq_max"}
-_GENERATION = {  # TRL key -> (source, weight source)
-    "completions/mean_length": ("grpo_response_len_mean", "grpo_response_count"),
-    "completions/clipped_ratio": ("grpo_rollout_truncated_frac", "grpo_response_count"),
-    "completions/max_length": ("grpo_response_len_max", None),
-    "completions/min_length": ("trl_exact_response_len_min", None),
-    "completions/mean_terminated_length": ("trl_exact_terminated_len_mean", "trl_exact_terminated_count"),
-    "completions/min_terminated_length": ("trl_exact_terminated_len_min", "trl_exact_terminated_count"),
-    "completions/max_terminated_length": ("trl_exact_terminated_len_max", "trl_exact_terminated_count"),
+_GENERATION = {  # TRL key -> our source; a mean is weighted by this rank's completions (or terminated ones)
+    "completions/mean_length": "grpo_response_len_mean",
+    "completions/clipped_ratio": "grpo_rollout_truncated_frac",
+    "completions/max_length": "grpo_response_len_max",
+    "completions/min_length": "trl_exact_response_len_min",
+    "completions/mean_terminated_length": "trl_exact_terminated_len_mean",
+    "completions/min_terminated_length": "trl_exact_terminated_len_min",
+    "completions/max_terminated_length": "trl_exact_terminated_len_max",
 }
 
 
@@ -146,8 +146,8 @@ def _reward_key(name: str, stat: str) -> str:
 class _Recorder:
     """Turns what TRL appended to ``_metrics`` around one call into one weighted chunk."""
 
-    def __init__(self, trainer: Any, metrics: PosttrainMetricsCallback, version: str) -> None:
-        self.trainer, self.metrics, self.version = trainer, metrics, version
+    def __init__(self, trainer: Any, version: str) -> None:
+        self.trainer, self.version = trainer, version
         holds = conditions(trainer.args)  # the callback's own reading of the run's arguments
         self.sequence_level = When.SEQUENCE_LEVEL in holds
         self.raw_kl = When.RAW_KL in holds  # TRL's kl is the plain K3 (else K3 times the ratio)
@@ -218,7 +218,7 @@ class _Recorder:
             "trl_exact_completion_count": len(completions),
             "trl_exact_terminated_count": sum(1 for ids in completions if ids and ids[-1] in stop),
         }
-        for key, (source, _weight) in _GENERATION.items():
+        for key, source in _GENERATION.items():
             value = self._one(new, key)
             if value is not None:
                 chunk[source] = value
@@ -299,7 +299,7 @@ def exact_grpo(trainer: Any, metrics: PosttrainMetricsCallback) -> Any:
         metrics.declare(_reward_key(name, "std"), "pooled_std", mean=_reward_key(name, "mean"),
                         weight=_reward_key(name, "count"),
                         meaning=f"Population std of {name}'s rewards, pooled exactly")
-    recorder = _Recorder(trainer, metrics, version)
+    recorder = _Recorder(trainer, version)
     _supersede(metrics, recorder, trainer.reward_func_names)
 
     def compute_loss(original: Callable[..., Any], model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
@@ -341,7 +341,7 @@ def exact_grpo(trainer: Any, metrics: PosttrainMetricsCallback) -> Any:
 def _supersede(metrics: PosttrainMetricsCallback, recorder: _Recorder, reward_funcs: list[str]) -> None:
     """Logged TRL keys whose exact figure is recorded: not published again as TRL's interval mean."""
     keys = _LOSS_KEYS_SEQUENCE if recorder.sequence_level else _LOSS_KEYS_TOKEN
-    table = {**keys, **_EXTREMA, **{k: s for k, (s, _w) in _GENERATION.items()},
+    table = {**keys, **_EXTREMA, **_GENERATION,
              "kl": "grpo_kl_mean" if recorder.raw_kl else "trl_exact_kl_ratio_mean",
              "reward": "reward_mean", "reward_std": "reward_std"}
     for name in reward_funcs:
