@@ -10,7 +10,8 @@ entropy, K3 and clip indicators (from the log-probabilities the policy's forward
 batch's old and reference log-probabilities and advantages, by TRL's formulas), and the local
 completion lengths of each generation. The expected window figures are computed from those by hand,
 token-weighted over everything; the published figures must equal them, and TRL's own logged figure
-must differ from them.
+must differ from them. The figures are read back from the journal, MLflow (SQLite), TensorBoard
+(``EventAccumulator``) and, on the 2-process run, W&B (an offline run, read with our reader).
 """
 
 from __future__ import annotations
@@ -76,9 +77,12 @@ def worker_grpo(out: Path) -> None:
         logging_steps=1, report_to="none", save_strategy="no", disable_tqdm=True, seed=0,
         **({"ddp_backend": "gloo"} if "RANK" in os.environ else {}),
     )
-    metrics = PosttrainMetricsCallback(out_dir=out, run_name="trl-exact", sinks=[
-        {"type": "journal"}, {"type": "console"}, {"type": "tensorboard"},
-        {"type": "mlflow", "experiment": "trl-exact"}])
+    sinks: list[dict[str, Any]] = [{"type": "journal"}, {"type": "console"}, {"type": "tensorboard"},
+                                   {"type": "mlflow", "experiment": "trl-exact"}]
+    if "RANK" in os.environ:  # the 2-process run also writes an offline W&B run
+        sinks.append({"type": "wandb", "project": "trl-exact", "mode": "offline", "system_metrics": False,
+                      "settings": {"quiet": True}})
+    metrics = PosttrainMetricsCallback(out_dir=out, run_name="trl-exact", sinks=sinks)
     trainer = GRPOTrainer(model=str(model_dir), reward_funcs=[short_and_even, length], args=args,
                           train_dataset=prompts, processing_class=tokenizer)
     dump = open(out / f"oracle-rank{rank}.jsonl", "w")  # noqa: SIM115 - closed below
@@ -231,10 +235,24 @@ def check_run(out: Path, ranks: int) -> set[str]:
 
     events = EventAccumulator(str(tensorboard_run(out)), size_guidance={"scalars": 0})
     events.Reload()
-    for key in ("train/entropy_mean", "train/clip_frac", "train/kl_mean", "train/valid_token_count"):
+    wandb_run = None
+    if ranks > 1:
+        from posttrain_metrics.integrations.wandb_reader import read_offline_run
+
+        wandb_run = read_offline_run(out / "wandb")
+    for key in ("train/entropy_mean", "train/clip_frac", "train/kl_mean", "train/valid_token_count",
+                "train/clip_low_frac", "train/epoch"):
         for step, metrics in frames.items():
             assert history[key][step] == pytest.approx(metrics[key], rel=1e-12), (key, step)
             assert {e.step: e.value for e in events.Scalars(key)}[step] == pytest.approx(metrics[key], rel=1e-6)
+            if wandb_run is not None:
+                assert wandb_run.column(key)[step] == pytest.approx(metrics[key], rel=1e-12), (key, step)
+    for key in ("train/response_len_mean", "train/reward_mean", "train/reward_std", "train/terminated_len_max"):
+        for step, metrics in frames.items():
+            if key in metrics:
+                assert history[key][step] == pytest.approx(metrics[key], rel=1e-12), (key, step)
+                if wandb_run is not None:
+                    assert wandb_run.column(key)[step] == pytest.approx(metrics[key], rel=1e-12), (key, step)
     return {k for m in frames.values() for k in m}
 
 
