@@ -116,7 +116,7 @@ def worker_trainer(out: Path) -> None:
         return {"input_ids": ids, "labels": labels, "attention_mask": mask}
 
     callback = PosttrainMetricsCallback(
-        adapters=["grpo", "reward", "trainer", "validation", "trl_grpo", LM],
+        adapters=["grpo", "reward", "trainer", "validation", "trl_grpo", "hf_trainer", LM],
         sinks=sinks(wandb=True), out_dir=out, run_name="hf-trainer",
     )
     dump = open(out / f"chunks-rank{rank}.jsonl", "w")  # noqa: SIM115 - closed below
@@ -192,8 +192,13 @@ def free_port() -> int:
 
 
 def run_worker(kind: str, out: Path, *, ranks: int) -> subprocess.CompletedProcess[str]:
+    return run_worker_file(HERE, kind, out, ranks=ranks)
+
+
+def run_worker_file(script: Path, kind: str, out: Path, *, ranks: int) -> subprocess.CompletedProcess[str]:
+    """Run ``script --worker kind out`` (under torch.distributed.run for several ranks), offline."""
     out.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, str(HERE), "--worker", kind, str(out)]
+    cmd = [sys.executable, str(script), "--worker", kind, str(out)]
     if ranks > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
                "--master_addr", "127.0.0.1", "--master_port", str(free_port()), *cmd[1:]]
@@ -242,7 +247,7 @@ def test_trainer_two_gloo_ranks_maps_logged_keys_and_reduces_micro_batches_exact
         assert metrics["train/loss_avg"] == row["loss"]
         assert metrics["train/grad_norm"] == row["grad_norm"]
         assert metrics["train/learning_rate"] == row["learning_rate"]
-        assert metrics["train/trl_epoch"] == row["epoch"]
+        assert metrics["train/epoch"] == row["epoch"] and "train/trl_epoch" not in metrics
         assert not set(UNIT_WEIGHTS) & set(metrics), "a unit weight was published"
 
     # 2. the per-micro-batch path: exact over both ranks and both micro-batches of each window
@@ -263,7 +268,9 @@ def test_trainer_two_gloo_ranks_maps_logged_keys_and_reduces_micro_batches_exact
     # 3. evaluation: eval_loss and the Trainer's timings pass through under val/
     journal = read_journal(out / "journal.jsonl")
     (val,) = [f for f in journal.frames if f.phase == "val"]
-    assert val.step == 3 and "val/trl_loss" in val.metrics and "val/trl_runtime" in val.metrics
+    assert val.step == 3 and "val/loss" in val.metrics and "val/runtime_s" in val.metrics
+    assert "val/samples_per_s" in val.metrics and "val/steps_per_s" in val.metrics
+    assert not any(k.startswith("val/trl_") for k in val.metrics), sorted(val.metrics)
 
     # 4. the same figures in MLflow (embedded SQLite), TensorBoard and W&B (offline), read back
     run, history = mlflow_history(out, "hf-callback")
@@ -277,7 +284,7 @@ def test_trainer_two_gloo_ranks_maps_logged_keys_and_reduces_micro_batches_exact
     events.Reload()
     wandb_run = read_offline_run(out / "wandb")
     for key in ("train/loss_avg", "train/grad_norm", "train/learning_rate", "train/token_nll",
-                "train/token_accuracy", "train/trl_epoch"):
+                "train/token_accuracy", "train/epoch"):
         for step, metrics in frames.items():
             assert history[key][step] == pytest.approx(metrics[key], rel=1e-12), (key, step)
             assert {e.step: e.value for e in events.Scalars(key)}[step] == pytest.approx(metrics[key], rel=1e-6)
@@ -396,6 +403,27 @@ def test_recorded_micro_batches_win_over_logged_values_and_warnings_come_once() 
         assert "train/kl_mean" not in frame.metrics  # TRL's kl cannot join a recorded valid_token_count
     (warned,) = [str(w.message) for w in caught]
     assert "kl -> dropped: its weight train/valid_token_count is recorded per micro-batch" in warned
+
+
+def test_plain_trainer_keys_have_names_of_their_own() -> None:
+    """Issue 29 item 4: epoch, eval_loss and the evaluation timings, not train/trl_epoch, val/trl_loss."""
+    sink = MemorySink()
+    cb = PosttrainMetricsCallback(sinks=[sink])
+    args = transformers.TrainingArguments(output_dir="unused", report_to="none", use_cpu=True)
+    state, control = transformers.TrainerState(), transformers.TrainerControl()
+    state.logging_steps = 1
+    cb.on_train_begin(args, state, control)
+    state.global_step = 1
+    control.should_log = True
+    cb.on_step_end(args, state, control)
+    cb.on_log(args, state, control, logs={"loss": 2.0, "grad_norm": 1.0, "learning_rate": 0.1, "epoch": 0.5})
+    cb.on_log(args, state, control, logs={"eval_loss": 1.5, "eval_runtime": 2.0, "eval_samples_per_second": 4.0,
+                                          "eval_steps_per_second": 1.0, "epoch": 0.5})
+    cb.on_train_end(args, state, control)
+    train, val = sink.frames
+    assert train.metrics == {"train/loss_avg": 2.0, "train/grad_norm": 1.0, "train/learning_rate": 0.1,
+                             "train/epoch": 0.5}
+    assert val.metrics == {"val/loss": 1.5, "val/runtime_s": 2.0, "val/samples_per_s": 4.0, "val/steps_per_s": 1.0}
 
 
 def test_steps_without_a_log_still_publish_recorded_windows() -> None:

@@ -62,8 +62,12 @@ __all__ = [
     "conditions",
 ]
 
-DEFAULT_ADAPTERS: tuple[str, ...] = ("grpo", "reward", "trainer", "validation", "trl_grpo")
-"""The catalogue adapters a TRL GRPO run publishes through: the mapped keys' owners and the pass-through."""
+DEFAULT_ADAPTERS: tuple[str, ...] = (
+    "grpo", "reward", "trainer", "validation", "trl_grpo", "trl_grpo_exact", "hf_trainer",
+)
+"""The catalogue adapters a TRL GRPO run publishes through: the mapped keys' owners, the pass-through,
+the exact TRL statistics :func:`posttrain_metrics.callbacks.trl.exact_grpo` records, and the plain
+Trainer's own keys."""
 
 PASSTHROUGH_ADAPTER = "trl_grpo"
 SUMMARY_MARKER = "train_loss"  # only the Trainer's end-of-training summary log carries it
@@ -130,6 +134,14 @@ TRL_GRPO_MAPPING: tuple[KeyMapping, ...] = (
     KeyMapping("completions/clipped_ratio", "train/rollout_truncated_frac", When.ALWAYS,
                "completions that did not end with EOS (cut at max_completion_length); " + _GENERATIONS),
     KeyMapping("reward", "val/reward_avg", When.ALWAYS, "eval_reward: the held-out mean reward", phase="val"),
+    KeyMapping("epoch", "train/epoch", When.ALWAYS, "the Trainer's fractional epoch when it logged: exact"),
+    KeyMapping("loss", "val/loss", When.ALWAYS, "eval_loss: the Trainer's evaluation loss", phase="val"),
+    KeyMapping("runtime", "val/runtime_s", When.ALWAYS, "eval_runtime: wall time of the evaluation loop",
+               phase="val"),
+    KeyMapping("samples_per_second", "val/samples_per_s", When.ALWAYS,
+               "eval_samples_per_second: evaluation throughput", phase="val"),
+    KeyMapping("steps_per_second", "val/steps_per_s", When.ALWAYS, "eval_steps_per_second: evaluation batches per "
+               "second", phase="val"),
 )
 """Logged TRL/Trainer keys that mean the same as a catalogue key, with when and how exactly."""
 
@@ -228,7 +240,7 @@ class PosttrainMetricsCallback(TrainerCallback, MetricsCallback):  # type: ignor
 
     >>> cb = PosttrainMetricsCallback(sinks=[{"type": "memory"}])
     >>> sorted(a.name for a in cb.publisher.adapters)
-    ['grpo', 'reward', 'trainer', 'trl_grpo', 'validation']
+    ['grpo', 'hf_trainer', 'reward', 'trainer', 'trl_grpo', 'trl_grpo_exact', 'validation']
     """
 
     def __init__(
@@ -250,6 +262,10 @@ class PosttrainMetricsCallback(TrainerCallback, MetricsCallback):  # type: ignor
         self._recorded: set[str] = set()  # source names recorded via on_chunk_end in the open window
         self._open_step: int | None = None  # a window whose step ended; the log that follows closes it
         self._announced: set[str] = set()  # pass-through keys already warned about
+        self.superseded: dict[str, str] = {}
+        """Logged key -> the source name recorded per micro-batch that replaces it (filled by
+        :func:`posttrain_metrics.callbacks.trl.exact_grpo`): a window that recorded the source does
+        not also publish the logged value, TRL's mean of means, under ``train/trl_<key>``."""
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> PosttrainMetricsCallback:
@@ -344,7 +360,8 @@ class PosttrainMetricsCallback(TrainerCallback, MetricsCallback):  # type: ignor
 
     def _close_eval(self, step: int, args: Any, logs: Mapping[str, Any]) -> None:
         self._close_open_window(args)
-        out = self._translate({k.removeprefix("eval_"): v for k, v in logs.items()}, "val", args)
+        # the evaluation log repeats the Trainer's epoch, which the train frame of this step carries
+        out = self._translate({k.removeprefix("eval_"): v for k, v in logs.items() if k != "epoch"}, "val", args)
         if any("val" in a.phases for a in self.publisher.adapters):  # the same answer on every rank
             reducer = self._reducer("val")
             if out.chunk and global_rank() == 0:
@@ -403,6 +420,8 @@ class PosttrainMetricsCallback(TrainerCallback, MetricsCallback):  # type: ignor
         for name, value in logs.items():
             if value is None:  # TRL logs None when every contribution was NaN: absent, not zero
                 continue
+            if phase == "train" and self.superseded.get(name) in self._recorded:
+                continue  # recorded exactly this window: TRL's interval mean would say it twice
             if isinstance(value, bool) or not isinstance(value, numbers.Real):
                 fresh += self._note(name, f"not published: {type(value).__name__} {value!r:.40}")
                 continue

@@ -16,13 +16,14 @@ from .perf import PERF
 from .ppo import PPO
 from .reward import REWARD
 from .trainer import TRAINER
-from .trl import TRL_GRPO
+from .trl import HF_TRAINER, TRL_GRPO, TRL_GRPO_EXACT
 from .validation import VALIDATION
 
 __all__ = ["BUILTIN", "adapter_names", "get_adapter", "register_adapter"]
 
 BUILTIN: tuple[MetricAdapter, ...] = (
     GRPO, PPO, DPO, OPD_DIRECT, OPD_ADVANTAGE, NFT, FLOW_BC, REWARD, VALIDATION, TRAINER, TRL_GRPO, PERF,
+    TRL_GRPO_EXACT, HF_TRAINER,
 )
 
 _REGISTRY: dict[str, MetricAdapter] = {adapter.name: adapter for adapter in BUILTIN}
@@ -30,7 +31,7 @@ _REGISTRY: dict[str, MetricAdapter] = {adapter.name: adapter for adapter in BUIL
 
 def get_adapter(name: str) -> MetricAdapter:
     """The adapter registered under ``name`` (built-in: grpo, ppo, dpo, opd_direct, opd_advantage,
-    nft, flow_bc, reward, validation, trainer, trl_grpo, perf)."""
+    nft, flow_bc, reward, validation, trainer, trl_grpo, perf, trl_grpo_exact, hf_trainer)."""
     try:
         return _REGISTRY[name]
     except KeyError:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from ..adapter import Metric, MetricAdapter
 from ..reduction import Reduction as R
 
-__all__ = ["TRL_GRPO", "passthrough_leaf"]
+__all__ = ["HF_TRAINER", "TRL_GRPO", "TRL_GRPO_EXACT", "passthrough_leaf"]
 
 
 def passthrough_leaf(logged: str) -> str:
@@ -42,8 +42,7 @@ TRL_GRPO = MetricAdapter(
     internal_prefix="trl_",
     phases=("train",),
     metrics=[
-        # Trainer bookkeeping (transformers)
-        _pass("epoch", "Fractional epoch the Trainer had reached when it logged", unit="epochs"),
+        # Trainer bookkeeping (transformers; the epoch is HF_TRAINER's train/epoch)
         _pass("num_input_tokens_seen", "Input tokens the Trainer has seen so far (include_num_input_tokens_seen)", unit="tokens"),
         # rewards
         _pass("reward_std", "Sample std (Bessel-corrected, n-1) of the generation batch's rewards; "
@@ -94,3 +93,75 @@ TRL_GRPO = MetricAdapter(
         _pass("sampling/importance_sampling_ratio/max", f"Largest vLLM importance-sampling ratio; {_INTERVAL}"),
     ],
 )
+
+
+HF_TRAINER = MetricAdapter(
+    "hf_trainer",
+    internal_prefix="hf_",
+    phases=("train", "val"),
+    metrics=[
+        Metric("epoch", R.MEAN, "Fractional epoch the Trainer had reached when it logged", unit="epochs",
+               namespace="train"),
+        Metric("loss", R.MEAN, "The Trainer's evaluation loss (eval_loss): its mean over the evaluation batches of "
+               "every rank", namespace="val"),
+        Metric("runtime_s", R.MEAN, "Wall time of the Trainer's evaluation loop (eval_runtime)", unit="s",
+               namespace="val"),
+        Metric("samples_per_s", R.MEAN, "Evaluation samples per second (eval_samples_per_second)",
+               unit="samples/s", namespace="val"),
+        Metric("steps_per_s", R.MEAN, "Evaluation batches per second (eval_steps_per_second)", unit="steps/s",
+               namespace="val"),
+    ],
+)
+"""The plain ``transformers.Trainer`` keys with a name of their own (not TRL's): ``epoch`` and the
+evaluation loop's loss and throughput. Each is a value the Trainer has already reduced, contributed
+once by global rank 0. The end-of-training summary (``train_samples_per_second``, ``train_runtime``)
+is not a step and is not published."""
+
+_TOK = "policy_token_count"
+_SEQ = "policy_sequence_count"
+_GEN = "completion_count"
+_TERM = "terminated_count"
+_WINDOW = "over the optimizer window and every rank"
+
+
+def _exact(leaf: str, meaning: str, weight: str, unit: str = "fraction") -> Metric:
+    return Metric(leaf, R.WEIGHTED_MEAN, f"{meaning}, {_WINDOW}", weight=weight, unit=unit)
+
+
+TRL_GRPO_EXACT = MetricAdapter(
+    "trl_grpo_exact",
+    internal_prefix="trl_exact_",
+    phases=("train",),
+    metrics=[
+        Metric(_TOK, R.SUM, "Completion tokens under TRL's loss mask (completion_mask x tool_mask): the weight of "
+               "the token means TRL computes in _compute_loss; equals train/valid_token_count", unit="tokens",
+               count=True),
+        Metric(_SEQ, R.SUM, "Rows of the micro-batches (TRL's weight of a sequence-level mean, masked rows included)",
+               unit="sequences", count=True),
+        _exact("entropy_mean", "Token mean of the policy's per-token entropy", _TOK, unit="nats"),
+        _exact("clip_low_frac", "Fraction of tokens clipped at the lower bound (ratio < 1-eps_low with A < 0)", _TOK),
+        _exact("clip_high_frac", "Fraction of tokens clipped at the upper bound (ratio > 1+eps_high with A > 0)", _TOK),
+        _exact("seq_clip_low_frac", "GSPO: fraction of sequences clipped at the lower bound", _SEQ),
+        _exact("seq_clip_high_frac", "GSPO: fraction of sequences clipped at the upper bound", _SEQ),
+        Metric("clip_low_seq_min", R.MIN, f"Smallest per-sequence fraction of tokens clipped low, {_WINDOW}",
+               unit="fraction"),
+        Metric("clip_high_seq_max", R.MAX, f"Largest per-sequence fraction of tokens clipped high, {_WINDOW}",
+               unit="fraction"),
+        _exact("kl_ratio_mean", "Token mean of K3 times the importance ratio (TRL's kl with use_bias_correction_kl "
+               "off-policy; train/kl_mean when the ratio is 1)", _TOK, unit="nats"),
+        Metric(_GEN, R.SUM, "Completions generated (TRL's generation batch, every rank)", unit="completions",
+               count=True),
+        Metric("response_len_min", R.MIN, f"Shortest generated completion, {_WINDOW}", unit="tokens", weight=_GEN),
+        Metric(_TERM, R.SUM, "Completions that ended with EOS (not cut at max_completion_length)",
+               unit="completions", count=True),
+        _exact("terminated_len_mean", "Mean length of the completions that ended with EOS", _TERM, unit="tokens"),
+        Metric("terminated_len_min", R.MIN, f"Shortest completion that ended with EOS, {_WINDOW}", unit="tokens",
+               weight=_TERM),
+        Metric("terminated_len_max", R.MAX, f"Longest completion that ended with EOS, {_WINDOW}", unit="tokens",
+               weight=_TERM),
+    ],
+)
+"""TRL GRPO statistics with no counterpart in the reference, exact: recorded per micro-batch (or per
+generation) on every rank by :func:`posttrain_metrics.callbacks.trl.exact_grpo`, each TRL global
+figure weighted by this rank's share of its tokens, sequences or completions. Absent without it (the
+callback alone publishes TRL's interval means under ``train/trl_<key>`` instead)."""
