@@ -42,7 +42,7 @@ def test_filters_on_user_warning_its_message_or_our_category_select_ours() -> No
         assert caught == [], spec
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
-        with pytest.raises(UserWarning, match="^disk full$"):
+        with pytest.raises(UserWarning, match=r"^disk full$"):
             warn("disk full")
 
 
