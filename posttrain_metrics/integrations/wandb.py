@@ -85,6 +85,17 @@ run metadata (the command line, the program, the git remote and commit, the host
 default** (`x_disable_meta=True`): the command line can carry a secret (`--hf-token ...`) and a
 git remote URL a token, both outside the config we redact. `settings={"x_disable_meta": False}`
 turns it back on, on purpose.
+
+**The training's span.** W&B's own start time and runtime are not the training's: its service
+(wandb-core) counts the runtime on its own clock from `wandb.init` in the publisher, seconds after
+training started, to `finish` after the drain, and nothing a client passes moves it (checked with
+wandb 0.31 offline: `settings.x_start_time` is overwritten by `wandb.init`, a logged `_runtime` is
+replaced, the run record's start time is not settable through the API and W&B's server dates a run
+by its first upload). What W&B does keep is each history row's `_timestamp`, the frame's wall time
+(so its charts over wall time span the training), and the summary holds the span itself:
+`posttrain_metrics/started_at` (the run's start as the journal header records it, or its first
+frame if earlier), `posttrain_metrics/ended_at` (its last frame), both ISO 8601 UTC, and
+`posttrain_metrics/duration_s` between them: the duration MLflow shows for the same run.
 """
 
 from __future__ import annotations
@@ -126,6 +137,11 @@ INTERRUPTED_EXIT_CODE = 130
 
 REASON_KEY = "posttrain_metrics/end_reason"
 """Summary key saying why a run failed or was interrupted (the exception's type and message, redacted)."""
+
+SPAN_KEYS = ("posttrain_metrics/started_at", "posttrain_metrics/ended_at", "posttrain_metrics/duration_s")
+"""Summary keys of the training's span: its start and its last frame (ISO 8601, UTC) and the seconds
+between, MLflow's run duration (W&B's own start and runtime are its service's clock: see the module
+docstring)."""
 
 RUN_PREFIX = "run/"
 """Our run aggregates live under ``run/<key>`` in the run summary."""
@@ -289,6 +305,8 @@ class WandbSink:
         self._bound: set[str] = set()
         self._labels: dict[str, str] = {}  # categorical key -> phase of the frame that last held it
         self._frames = 0
+        self._started: float | None = None  # the run's start, as the journal header records it
+        self._frames_span: tuple[float, float] | None = None  # the first and last frame's wall times
 
     @property
     def run(self) -> Run | None:
@@ -339,6 +357,8 @@ class WandbSink:
         self._bound = set()
         self._labels = {}
         self._frames = 0
+        self._started = run.started if run.started > 0 and math.isfinite(run.started) else None
+        self._frames_span = None
         wb_run.define_metric(STEP_KEY)
         for namespace in (*NAMESPACES, *(info.namespace for info in run.keys.values())):
             self._bind(namespace)
@@ -360,6 +380,8 @@ class WandbSink:
         row[STEP_KEY] = frame.step
         if frame.wall_time > 0 and math.isfinite(frame.wall_time):
             row["_timestamp"] = frame.wall_time
+            seen, wall = self._frames_span, frame.wall_time
+            self._frames_span = (wall, wall) if seen is None else (min(seen[0], wall), max(seen[1], wall))
         run.log(row)  # no step=: rows are never dropped for a step that goes backwards
         self._clear_stale_labels(run, frame)
         summary.add(frame)
@@ -396,9 +418,22 @@ class WandbSink:
         try:
             if summary is not None and summary.frames:
                 self._push_summary(run, summary)
-            run.summary.update({STATUS_KEY: status, **({REASON_KEY: reason} if reason else {})})
+            run.summary.update({STATUS_KEY: status, **({REASON_KEY: reason} if reason else {}), **self._span_summary()})
         finally:
             run.finish(exit_code=code)
+
+    def _span_summary(self) -> dict[str, Any]:
+        """The training's span for the summary (:data:`SPAN_KEYS`): its start, its last frame, the
+        seconds between (in whole milliseconds). The start is the journal header's, or the first frame's
+        when that is earlier (frames replayed from another clock); a run with no frame has a start only."""
+        started, ended, duration = SPAN_KEYS
+        frames = self._frames_span
+        if frames is None:
+            return {} if self._started is None else {started: _utc(int(self._started * 1000))}
+        start = frames[0] if self._started is None else min(self._started, frames[0])
+        # whole milliseconds, cut as MLflow stores its start and end times: the same duration to the ms
+        first, last = int(start * 1000), int(frames[1] * 1000)
+        return {started: _utc(first), ended: _utc(last), duration: (last - first) / 1000}
 
     def attach(self, files: Sequence[Path]) -> None:
         """Attach the run's own record (journal, config, doctor's report, dashboard) as run files under
@@ -469,6 +504,14 @@ class WandbSink:
         for key, count in summary.nonfinite.items():
             update[f"{RUN_PREFIX}nonfinite/{key}"] = count
         run.summary.update(update)
+
+
+def _utc(ms: int) -> str:
+    """A wall time in whole milliseconds as ISO 8601 UTC: ``2023-11-14T22:13:21.000Z``."""
+    import datetime
+
+    second = datetime.datetime.fromtimestamp(ms // 1000, datetime.timezone.utc)
+    return f"{second:%Y-%m-%dT%H:%M:%S}.{ms % 1000:03d}Z"
 
 
 def wandb_points(directory: Path, run_id: str) -> Points:
