@@ -62,7 +62,7 @@ def one_line(message: Warning | str, category: type[Warning], filename: str, lin
     """
     if isinstance(category, type) and issubclass(category, PosttrainMetricsWarning):
         return f"{PREFIX}{message}\n"
-    return _formatwarning(message, category, filename, lineno, line)
+    return str(_formatwarning(message, category, filename, lineno, line))
 
 
 def _install() -> None:
