@@ -86,21 +86,18 @@ default** (`x_disable_meta=True`): the command line can carry a secret (`--hf-to
 git remote URL a token, both outside the config we redact. `settings={"x_disable_meta": False}`
 turns it back on, on purpose.
 
-**The training's span.** W&B's own start time and runtime are not the training's: its service
-(wandb-core) counts the runtime on its own clock from `wandb.init` in the publisher, seconds after
-training started, to `finish` after the drain, and nothing a client passes moves it (checked with
-wandb 0.31 offline: `settings.x_start_time` is overwritten by `wandb.init`, a logged `_runtime` is
-replaced, the run record's start time is not settable through the API and W&B's server dates a run
-by its first upload). What W&B does keep is each history row's `_timestamp`, the frame's wall time
-(so its charts over wall time span the training), and the summary holds the span itself:
-`posttrain_metrics/started_at` (the run's start as the journal header records it, or its first
-frame if earlier), `posttrain_metrics/ended_at` (its last frame), both ISO 8601 UTC, and
-`posttrain_metrics/duration_s` between them: the duration MLflow shows for the same run.
+**The training's span.** W&B's own start and runtime are its service's clock, from `wandb.init` in
+the publisher to `finish` after the drain, and no client setting moves them (wandb 0.31: `wandb.init`
+overwrites `x_start_time`, a logged `_runtime` is replaced). Each row's `_timestamp` is its frame's
+wall time, and the summary holds the span: `posttrain_metrics/started_at` (the journal header's start,
+or the first frame if earlier), `.../ended_at` (the last frame), ISO 8601 UTC, and `.../duration_s`
+between them, MLflow's duration of the same run to the millisecond.
 """
 
 from __future__ import annotations
 
 import collections
+import datetime
 import math
 import netrc
 import os
@@ -139,9 +136,7 @@ REASON_KEY = "posttrain_metrics/end_reason"
 """Summary key saying why a run failed or was interrupted (the exception's type and message, redacted)."""
 
 SPAN_KEYS = ("posttrain_metrics/started_at", "posttrain_metrics/ended_at", "posttrain_metrics/duration_s")
-"""Summary keys of the training's span: its start and its last frame (ISO 8601, UTC) and the seconds
-between, MLflow's run duration (W&B's own start and runtime are its service's clock: see the module
-docstring)."""
+"""Summary keys of the training's span (see the module docstring)."""
 
 RUN_PREFIX = "run/"
 """Our run aggregates live under ``run/<key>`` in the run summary."""
@@ -423,16 +418,14 @@ class WandbSink:
             run.finish(exit_code=code)
 
     def _span_summary(self) -> dict[str, Any]:
-        """The training's span for the summary (:data:`SPAN_KEYS`): its start, its last frame, the
-        seconds between (in whole milliseconds). The start is the journal header's, or the first frame's
-        when that is earlier (frames replayed from another clock); a run with no frame has a start only."""
+        """:data:`SPAN_KEYS`: the start (the header's, or an earlier first frame's), the last frame and
+        the seconds between, in whole milliseconds; a run with no frame has a start only."""
         started, ended, duration = SPAN_KEYS
         frames = self._frames_span
         if frames is None:
             return {} if self._started is None else {started: _utc(int(self._started * 1000))}
         start = frames[0] if self._started is None else min(self._started, frames[0])
-        # whole milliseconds, cut as MLflow stores its start and end times: the same duration to the ms
-        first, last = int(start * 1000), int(frames[1] * 1000)
+        first, last = int(start * 1000), int(frames[1] * 1000)  # cut to the ms, as MLflow stores its times
         return {started: _utc(first), ended: _utc(last), duration: (last - first) / 1000}
 
     def attach(self, files: Sequence[Path]) -> None:
@@ -508,8 +501,6 @@ class WandbSink:
 
 def _utc(ms: int) -> str:
     """A wall time in whole milliseconds as ISO 8601 UTC: ``2023-11-14T22:13:21.000Z``."""
-    import datetime
-
     second = datetime.datetime.fromtimestamp(ms // 1000, datetime.timezone.utc)
     return f"{second:%Y-%m-%dT%H:%M:%S}.{ms % 1000:03d}Z"
 
