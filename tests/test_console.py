@@ -221,6 +221,90 @@ def test_publisher_process_output_goes_to_its_log_and_our_warnings_to_stderr(
     assert captured.out.count(f"tracker logs (W&B, MLflow, TensorBoard output): {out / 'publisher.log'}") == 2
 
 
+# -- the closing summary's links (issue 30, item 3) -----------------------------------------------------
+
+RUNS_TABLE = "/#/experiments/{}/runs?workflowType=machine_learning&viewStateShareKey=posttrain-metrics"
+
+
+def test_the_closing_links_open_each_tracker_on_its_headline_view(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """From the trackers' own names for a run (what ``run_handles`` gives): TensorBoard's custom-scalars
+    tab on the runs' parent folder, MLflow's experiment runs table and chart view with the shared view,
+    and the command that starts ``mlflow ui`` on a SQLite file; W&B's page, or ``wandb sync`` offline.
+    Folders under the current one are shown relative to it."""
+    from posttrain_metrics.integrations.views import closing_links
+
+    monkeypatch.chdir(tmp_path)
+    local = {
+        "journal": {},
+        "tensorboard": {"log_dir": str(tmp_path / "out" / "tensorboard" / "r-1")},
+        "mlflow": {"run_id": "ab", "experiment_id": "12", "tracking_uri": f"sqlite:///{tmp_path}/out/mlflow.db"},
+        "wandb": {"run_id": "r1", "url": None, "dir": str(tmp_path / "out" / "wandb" / "offline-run-x" / "files")},
+    }
+    table = "http://127.0.0.1:5000" + RUNS_TABLE.format(12)
+    assert closing_links(local) == [
+        "trackers, opened on loss and reward:",
+        "  TensorBoard   tensorboard --logdir out/tensorboard",
+        "                then open http://localhost:6006/#custom_scalars (loss, reward, KL first)",
+        "  MLflow        mlflow ui --backend-store-uri sqlite:///out/mlflow.db",
+        f"                runs table: {table}",
+        f"                charts:     {table}&compareRunsMode=CHART",
+        "  W&B           wandb sync out/wandb/offline-run-x",
+    ]
+    # a server: its own address, without the user:password a browser asks for; W&B online: its page
+    served = {"mlflow": {"experiment_id": 3, "tracking_uri": "https://bob:Pw-4-links@mlflow.example:8443/"},
+              "wandb": {"url": "https://wandb.ai/team/p/runs/r1", "dir": "/elsewhere/files"}}
+    table = "https://mlflow.example:8443" + RUNS_TABLE.format(3)
+    assert closing_links(served) == [
+        "trackers, opened on loss and reward:",
+        f"  MLflow        runs table: {table}",
+        f"                charts:     {table}&compareRunsMode=CHART",
+        "  W&B           https://wandb.ai/team/p/runs/r1",
+    ]
+    assert closing_links({"mlflow": {"experiment_id": "1", "tracking_uri": "databricks"}}) == []
+    assert closing_links({"console": {}, "journal": {}}) == []
+
+
+def test_a_run_without_trackers_closes_with_no_links(utc) -> None:
+    lines = console_lines([Frame(1, {"train/grad_norm": 0.5}, wall_time=T0)])
+    assert lines == ["run c (c1): adapters grpo, reward, trainer", "22:13:20 train step 1 | grad_norm 0.5"]
+
+
+def test_a_live_runs_closing_summary_links_its_trackers(tmp_path: Path, mlflow_server: str) -> None:
+    """A run of the callback (not the demo), its trackers fed by the publisher process: the console's
+    last lines open TensorBoard on this run's folder and the real MLflow server on the experiment the
+    run went to (its id read back with MlflowClient), with the shared view stored on it."""
+    import random
+
+    from _runs import grpo_chunk
+    from mlflow import MlflowClient
+
+    out = io.StringIO()
+    cb = MetricsCallback(adapters=["grpo", "reward", "trainer"], out_dir=tmp_path, run_name="links", close_timeout=240,
+                         sinks=[{"type": "journal"}, ConsoleSink(stream=out), {"type": "tensorboard"},
+                                {"type": "mlflow", "tracking_uri": mlflow_server, "experiment_name": "closing-links"}])
+    rng = random.Random(0)
+    with cb:
+        cb.on_run_start({"lr": 1e-6})
+        for step in (1, 2):
+            cb.on_chunk_end(grpo_chunk(rng, step, True))
+            cb.on_window_end(step)
+    experiment = MlflowClient(mlflow_server).get_experiment_by_name("closing-links")
+    assert experiment is not None and "mlflow.sharedViewState.posttrain-metrics" in experiment.tags
+    (run,) = MlflowClient(mlflow_server).search_runs([experiment.experiment_id])
+    assert run.data.tags["posttrain_metrics.run_id"] == cb.publisher.run_id
+    table = mlflow_server.rstrip("/") + RUNS_TABLE.format(experiment.experiment_id)
+    lines = out.getvalue().splitlines()
+    assert lines[-5:] == [
+        "trackers, opened on loss and reward:",
+        f"  TensorBoard   tensorboard --logdir {tmp_path / 'tensorboard'}",  # not under the current folder
+        "                then open http://localhost:6006/#custom_scalars (loss, reward, KL first)",
+        f"  MLflow        runs table: {table}",
+        f"                charts:     {table}&compareRunsMode=CHART",
+    ], lines
+    assert [p.name for p in (tmp_path / "tensorboard").iterdir() if p.is_dir()] == [f"links-{cb.publisher.run_id}"]
+
+
 # -- the command line ---------------------------------------------------------------------------------
 
 

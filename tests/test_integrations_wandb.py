@@ -381,6 +381,47 @@ def test_a_failed_run_exits_1(ppo):
     assert ppo.wb.exit_code == 1
 
 
+def test_the_training_span_is_in_the_summary_and_agrees_with_mlflows_duration(tmp_path):
+    """Issue 30, item 9: MLflow's run lasts from the training's start (the journal header's time) to its
+    last frame; W&B's own runtime is its service's clock and cannot be set (see the sink's docstring),
+    so the summary holds the same span, and every row's ``_timestamp`` is its frame's wall time."""
+    from mlflow import MlflowClient
+
+    from posttrain_metrics.integrations.mlflow import MlflowSink
+
+    mlflow = MlflowSink(dir=tmp_path / "mlflow")
+    wandb_sink = WandbSink(project="posttrain-metrics-tests", dir=tmp_path)
+    with pytest.MonkeyPatch.context() as mp:
+        for var in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_MODE", "WANDB_BASE_URL"):
+            mp.delenv(var, raising=False)
+        mp.setenv("NETRC", str(tmp_path / "no-netrc"))
+        pub = Publisher([JournalSink(tmp_path / "journal.jsonl"), mlflow, wandb_sink], adapters=GRPO_ADAPTERS,
+                        mode="inline")
+        pub.start({}, started=1_699_999_999.5)  # training started half a second before step 1's frame
+        for frame in hand_frames():  # wall times 1_700_000_001.0, .002.0, .003.0
+            pub.publish(frame)
+        pub.close()
+    import wandb
+
+    wandb.teardown()
+    assert pub.failures == {}, pub.failures
+    info = MlflowClient(mlflow.tracking_uri).get_run(mlflow.run_id).info
+    assert (info.end_time - info.start_time) / 1000 == 3.5  # 1_700_000_003.0 - 1_699_999_999.5
+    wb = read_offline_run(tmp_path / "wandb")
+    assert wb.summary["posttrain_metrics/started_at"] == "2023-11-14T22:13:19.500Z"  # 1_699_999_999.5 UTC
+    assert wb.summary["posttrain_metrics/ended_at"] == "2023-11-14T22:13:23.000Z"  # step 3's frame
+    assert wb.summary["posttrain_metrics/duration_s"] == 3.5
+    assert [row["_timestamp"] for row in wb.history] == [1_700_000_001.0, 1_700_000_002.0, 1_700_000_003.0]
+
+
+def test_frames_from_before_the_recorded_start_start_the_span(hand):
+    """A replay of frames stamped before the publisher's start (hand frames of 2023): the span starts at
+    the first frame, never after the last one."""
+    assert hand.wb.summary["posttrain_metrics/started_at"] == "2023-11-14T22:13:21.000Z"  # step 1's frame
+    assert hand.wb.summary["posttrain_metrics/ended_at"] == "2023-11-14T22:13:23.000Z"
+    assert hand.wb.summary["posttrain_metrics/duration_s"] == 2.0
+
+
 # -- PPO warmup and DPO phases ------------------------------------------------------------------
 
 

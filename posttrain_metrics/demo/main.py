@@ -102,12 +102,14 @@ def report(out: Path, summary: Mapping[str, Any], sinks: Sequence[Mapping[str, A
     from ..journal import read_journal
 
     kinds = {s["type"] for s in sinks}
+    if "console" in kinds:  # the console's closing summary has just printed each tracker's command and link
+        kinds -= {"tensorboard", "mlflow", "wandb"}
     rel = os.path.relpath(out)
     lines = [f"\nDone in {seconds:.0f} s. Everything is under {rel}/", f"  journal       {rel}/journal.jsonl"]
     if "tensorboard" in kinds:
         lines.append(f"  TensorBoard   tensorboard --logdir {rel}/tensorboard")
         lines.append(f"                then open {TENSORBOARD_UI}/#custom_scalars (loss, reward, KL first)")
-    mlflow = next((s for s in sinks if s["type"] == "mlflow"), None)
+    mlflow = next((s for s in sinks if s["type"] == "mlflow" and s["type"] in kinds), None)
     if mlflow is not None:
         uri = mlflow.get("tracking_uri") or f"sqlite:///{rel}/mlflow.db"
         lines.append(f"  MLflow        mlflow ui --backend-store-uri {uri}")

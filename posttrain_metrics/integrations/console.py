@@ -6,7 +6,7 @@ import math
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from typing import TextIO
+from typing import Any, TextIO
 
 from ..core.catalog.trainer import COUNTED_OUTCOMES, update_count_leaf
 from ..core.errors import MetricsError
@@ -15,6 +15,7 @@ from ..core.keys import KeyInfo, headline_keys
 from ..core.printable import printable
 from ..core.values import Scalar
 from .base import RunInfo
+from .views import closing_links
 
 __all__ = ["ConsoleSink", "check_total_steps", "format_eta", "update_counts"]
 
@@ -93,7 +94,9 @@ class ConsoleSink:
     outcome (``updates applied 1, skipped 1``) when the trainer reports them (several updates per
     window, ``n_mini > 1``), else as the last update's label (``update_outcome SKIPPED``).
     ``notes`` are printed after the run line at start and again at close (where the trackers'
-    own logs go).
+    own logs go). Once the trackers are closed, the publisher hands over their names for the run and
+    :meth:`show_links` prints the closing summary's links: each tracker opened on the headline keys
+    (:func:`~posttrain_metrics.integrations.views.closing_links`).
 
     Train lines come at most every ``min_interval`` seconds (default 0.2 s; 0 prints every
     ``every``-th step): a run of 10 ms steps prints five lines a second, not a hundred, and the
@@ -235,6 +238,14 @@ class ConsoleSink:
             self._print(self.line(held))
         for note in self.notes:
             self._print(note)
+
+    def show_links(self, handles: Mapping[str, Mapping[str, Any]]) -> None:
+        """The closing summary's last lines: the command and link that open each tracker of the run on
+        its headline view (MLflow's experiment with its id and the shared view, TensorBoard's custom
+        scalars, W&B's page or ``wandb sync``), from ``Publisher.run_handles()``; nothing when no
+        tracker reported its names."""
+        for line in closing_links(handles):
+            self._print(line)
 
     def _print(self, text: str) -> None:
         # Run names, keys and labels may hold control characters (a replayed journal is anyone's

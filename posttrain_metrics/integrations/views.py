@@ -13,21 +13,25 @@ Neither UI takes a default view from the data, so each one gets the state its ow
   (:mod:`.tensorboard`) opens on the headline group; and the Time Series tab's ``pinnedCards`` URL
   parameter, which pins the headline charts above the alphabetical list.
 
-Pure functions, no vendor import: the sinks store the state, the demo and the README print the links.
+Pure functions, no vendor import: the sinks store the state; the console's closing summary
+(:func:`closing_links`, for any run with a console sink), the demo and the README print the links.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import urllib.parse
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from ..core.keys import KeyInfo
+from ..core.redact import redact_text
 from ..core.reduction import Reduction
 
-__all__ = ["MLFLOW_VIEW_KEY", "MLFLOW_VIEW_TAG", "headline_metrics", "mlflow_link", "mlflow_view_state",
-           "tensorboard_links"]
+__all__ = ["MLFLOW_VIEW_KEY", "MLFLOW_VIEW_TAG", "TENSORBOARD_UI", "closing_links", "headline_metrics",
+           "mlflow_link", "mlflow_view_state", "tensorboard_links"]
 
 MLFLOW_VIEW_KEY = "posttrain-metrics"
 """The share key of the experiment's view state (one per experiment: the latest run's keys)."""
@@ -82,11 +86,19 @@ def _line_chart(key: str) -> dict[str, Any]:
             "useGlobalLineSmoothing": True}
 
 
+TENSORBOARD_UI = "http://localhost:6006"
+"""Where ``tensorboard --logdir`` serves by default."""
+
+
 def mlflow_ui_base(tracking_uri: str | None) -> str:
-    """The UI a user opens: the tracking server itself, or ``mlflow ui``'s default address for a
-    SQLite file or a local folder (no UI serves those until ``mlflow ui`` runs)."""
+    """The UI a user opens: the tracking server itself (without a ``user:password@`` part: a browser
+    asks for those), or ``mlflow ui``'s default address for a SQLite file or a local folder (no UI
+    serves those until ``mlflow ui`` runs)."""
     uri = (tracking_uri or "").rstrip("/")
-    return uri if uri.startswith(("http://", "https://")) else MLFLOW_UI
+    if not uri.startswith(("http://", "https://")):
+        return MLFLOW_UI
+    parts = urllib.parse.urlsplit(uri)
+    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
 
 
 def mlflow_link(tracking_uri: str | None, experiment_id: str, *, charts: bool = False) -> str:
@@ -105,3 +117,51 @@ def tensorboard_links(keys: Mapping[str, KeyInfo], base: str = "http://localhost
     pinned = [{"plugin": "scalars", "tag": key} for key in headline_metrics(keys)]
     query = urllib.parse.urlencode({"pinnedCards": json.dumps(pinned, separators=(",", ":"))})
     return {"custom_scalars": f"{base}/#custom_scalars", "time_series": f"{base}/?{query}#timeseries"}
+
+
+def _shown_path(path: str | os.PathLike[str]) -> str:
+    """A folder as a user types it: relative to the current folder when it is under it."""
+    p = Path(path)
+    try:
+        return os.path.relpath(p) if p.resolve().is_relative_to(Path.cwd().resolve()) else str(p)
+    except (OSError, ValueError):
+        return str(p)
+
+
+def closing_links(handles: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The lines of the console's closing summary that open each tracker of the run on its headline
+    view, from the trackers' own names for the run (``Publisher.run_handles()``, one entry per sink,
+    each told by what it holds: MLflow its ``experiment_id``, TensorBoard its ``log_dir``, W&B its
+    ``url`` and ``dir``); empty when no tracker reported one.
+
+    >>> for line in closing_links({"mlflow": {"experiment_id": "7", "tracking_uri": "http://mlf:5000"}}):
+    ...     print(line)
+    trackers, opened on loss and reward:
+      MLflow        runs table: http://mlf:5000/#/experiments/7/runs?workflowType=machine_learning&viewStateShareKey=posttrain-metrics
+                    charts:     http://mlf:5000/#/experiments/7/runs?workflowType=machine_learning&viewStateShareKey=posttrain-metrics&compareRunsMode=CHART
+    """
+    lines: list[str] = []
+    pad = " " * 16
+    for handle in handles.values():
+        if handle.get("log_dir"):  # TensorBoard: the run's folder; its parent holds the runs to compare
+            lines.append(f"  TensorBoard   tensorboard --logdir {_shown_path(Path(handle['log_dir']).parent)}")
+            lines.append(f"{pad}then open {TENSORBOARD_UI}/#custom_scalars (loss, reward, KL first)")
+        elif handle.get("experiment_id") is not None:  # MLflow
+            uri = redact_text(str(handle.get("tracking_uri") or ""))
+            if uri.startswith("databricks"):  # its workspace has a UI of its own, not this page
+                continue
+            first = "  MLflow        "
+            if uri and not uri.startswith(("http://", "https://")):  # no UI serves a file until `mlflow ui` runs
+                if uri.startswith("sqlite:///"):
+                    uri = "sqlite:///" + _shown_path(uri[len("sqlite:///"):])
+                lines.append(f"{first}mlflow ui --backend-store-uri {uri}")
+                first = pad
+            link = mlflow_link(uri or None, str(handle["experiment_id"]))
+            lines.append(f"{first}runs table: {link}")
+            lines.append(f"{pad}charts:     {mlflow_link(uri or None, str(handle['experiment_id']), charts=True)}")
+        elif "url" in handle and "dir" in handle:  # W&B: its page online, the command that uploads it offline
+            if handle.get("url"):
+                lines.append(f"  W&B           {redact_text(str(handle['url']))}")
+            elif handle.get("dir"):
+                lines.append(f"  W&B           wandb sync {_shown_path(Path(handle['dir']).parent)}")
+    return ["trackers, opened on loss and reward:", *lines] if lines else []

@@ -91,11 +91,19 @@ run metadata (the command line, the program, the git remote and commit, the host
 default** (`x_disable_meta=True`): the command line can carry a secret (`--hf-token ...`) and a
 git remote URL a token, both outside the config we redact. `settings={"x_disable_meta": False}`
 turns it back on, on purpose.
+
+**The training's span.** W&B's own start and runtime are its service's clock, from `wandb.init` in
+the publisher to `finish` after the drain, and no client setting moves them (wandb 0.31: `wandb.init`
+overwrites `x_start_time`, a logged `_runtime` is replaced). Each row's `_timestamp` is its frame's
+wall time, and the summary holds the span: `posttrain_metrics/started_at` (the journal header's start,
+or the first frame if earlier), `.../ended_at` (the last frame), ISO 8601 UTC, and `.../duration_s`
+between them, MLflow's duration of the same run to the millisecond.
 """
 
 from __future__ import annotations
 
 import collections
+import datetime
 import math
 import netrc
 import os
@@ -132,6 +140,9 @@ INTERRUPTED_EXIT_CODE = 130
 
 REASON_KEY = "posttrain_metrics/end_reason"
 """Summary key saying why a run failed or was interrupted (the exception's type and message, redacted)."""
+
+SPAN_KEYS = ("posttrain_metrics/started_at", "posttrain_metrics/ended_at", "posttrain_metrics/duration_s")
+"""Summary keys of the training's span (see the module docstring)."""
 
 RUN_PREFIX = "run/"
 """Our run aggregates live under ``run/<key>`` in the run summary."""
@@ -302,6 +313,8 @@ class WandbSink:
         self._axis = STEP_KEY  # what the namespaces are bound to (x_axis, once its key is known at start)
         self._labels: dict[str, str] = {}  # categorical key -> phase of the frame that last held it
         self._frames = 0
+        self._started: float | None = None  # the run's start, as the journal header records it
+        self._frames_span: tuple[float, float] | None = None  # the first and last frame's wall times
 
     @property
     def run(self) -> Run | None:
@@ -352,6 +365,8 @@ class WandbSink:
         self._bound = set()
         self._labels = {}
         self._frames = 0
+        self._started = run.started if run.started > 0 and math.isfinite(run.started) else None
+        self._frames_span = None
         wb_run.define_metric(STEP_KEY)
         axes = [axis for axis in X_AXES.values() if axis in run.keys]  # step metrics beside trainer/step
         for axis in axes:
@@ -379,6 +394,8 @@ class WandbSink:
         row[STEP_KEY] = frame.step
         if frame.wall_time > 0 and math.isfinite(frame.wall_time):
             row["_timestamp"] = frame.wall_time
+            seen, wall = self._frames_span, frame.wall_time
+            self._frames_span = (wall, wall) if seen is None else (min(seen[0], wall), max(seen[1], wall))
         run.log(row)  # no step=: rows are never dropped for a step that goes backwards
         self._clear_stale_labels(run, frame)
         summary.add(frame)
@@ -415,9 +432,20 @@ class WandbSink:
         try:
             if summary is not None and summary.frames:
                 self._push_summary(run, summary)
-            run.summary.update({STATUS_KEY: status, **({REASON_KEY: reason} if reason else {})})
+            run.summary.update({STATUS_KEY: status, **({REASON_KEY: reason} if reason else {}), **self._span_summary()})
         finally:
             run.finish(exit_code=code)
+
+    def _span_summary(self) -> dict[str, Any]:
+        """:data:`SPAN_KEYS`: the start (the header's, or an earlier first frame's), the last frame and
+        the seconds between, in whole milliseconds; a run with no frame has a start only."""
+        started, ended, duration = SPAN_KEYS
+        frames = self._frames_span
+        if frames is None:
+            return {} if self._started is None else {started: _utc(int(self._started * 1000))}
+        start = frames[0] if self._started is None else min(self._started, frames[0])
+        first, last = int(start * 1000), int(frames[1] * 1000)  # cut to the ms, as MLflow stores its times
+        return {started: _utc(first), ended: _utc(last), duration: (last - first) / 1000}
 
     def attach(self, files: Sequence[Path]) -> None:
         """Attach the run's own record (journal, config, doctor's report, dashboard) as run files under
@@ -488,6 +516,12 @@ class WandbSink:
         for key, count in summary.nonfinite.items():
             update[f"{RUN_PREFIX}nonfinite/{key}"] = count
         run.summary.update(update)
+
+
+def _utc(ms: int) -> str:
+    """A wall time in whole milliseconds as ISO 8601 UTC: ``2023-11-14T22:13:21.000Z``."""
+    second = datetime.datetime.fromtimestamp(ms // 1000, datetime.timezone.utc)
+    return f"{second:%Y-%m-%dT%H:%M:%S}.{ms % 1000:03d}Z"
 
 
 def wandb_points(directory: Path, run_id: str) -> Points:

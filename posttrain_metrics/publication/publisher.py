@@ -478,6 +478,16 @@ class Publisher:
             else:
                 self._merge(self._report())
         self._warn_unstarted()
+        self._show_links()
+
+    def _show_links(self) -> None:
+        """The closing summary's links (a console sink's ``show_links``): each tracker opened on its
+        headline view, from the trackers' names for the run, known once the followers are done."""
+        shows = [s for s in self.inline if callable(getattr(s, "show_links", None)) and s.name not in self.unstarted]
+        if shows:
+            handles = self.run_handles()
+            for sink in shows:
+                self._call(sink, "show_links", handles)
 
     def _warn_unstarted(self) -> None:
         """The close summary's word on trackers that never started (down from the run's start to its
