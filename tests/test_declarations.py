@@ -21,7 +21,7 @@ from posttrain_metrics import MetricsError
 from posttrain_metrics.callbacks import MetricsCallback
 from posttrain_metrics.cli import main
 from posttrain_metrics.core.adapter import Metric, MetricAdapter
-from posttrain_metrics.core.catalog import BUILTIN
+from posttrain_metrics.core.catalog import BUILTIN, get_adapter
 from posttrain_metrics.core.frame import Frame
 from posttrain_metrics.core.keys import describe, headline_keys
 from posttrain_metrics.core.reducer import reduce_metrics
@@ -308,3 +308,37 @@ def test_every_metric_option_survives_the_header_with_its_figures_by_hand() -> N
     assert run["val/loss"] == 5.0 and run["optim/outcome/skipped"] == 2 and run["optim/outcome/applied"] == 1
     assert heads[0] == ["val/loss", "val/gap_max"]
 
+
+def start(out: Path, adapters: list[MetricAdapter]) -> None:
+    with MetricsCallback(adapters=adapters, out_dir=out, sinks=[{"type": "journal"}], publisher="inline") as cb:
+        cb.on_run_start({})
+
+
+def test_two_adapters_of_one_name_are_refused_before_the_header_loses_one(tmp_path: Path) -> None:
+    """The header declares adapters by name: two different adapters named alike would leave one
+    declaration, and every reader would rebuild the run without the other's keys."""
+    first = MetricAdapter("mine", internal_prefix="a_", metrics=[Metric("tokens", Reduction.SUM, "Tokens")])
+    second = MetricAdapter("mine", internal_prefix="b_", metrics=[Metric("peak_mb", Reduction.MAX, "Peak")])
+    with pytest.raises(MetricsError, match=r"two adapters are named 'mine'.*fix: give each adapter its own name"):
+        start(tmp_path, [first, second])
+    same = {"adapters": ["grpo", "grpo"], "declarations": adapter_declarations([get_adapter("grpo")])}
+    assert describe(header_adapters(same)) == describe([get_adapter("grpo")])  # one declaration, named twice: read
+
+
+class Renamed(MetricAdapter):
+    """A subclass that publishes under a namespace of its own by overriding a method, which the header
+    (data only) cannot carry."""
+
+    def __init__(self) -> None:
+        super().__init__("renamed", metrics=[Metric("tokens", Reduction.SUM, "Tokens")])
+
+    def public_key(self, source: str, phase: str) -> str:
+        return f"mine/{self.metrics[source].leaf}"
+
+
+def test_a_subclass_that_describes_its_keys_otherwise_is_refused_naming_the_override(tmp_path: Path) -> None:
+    with pytest.raises(MetricsError, match=r"adapter 'renamed' \(Renamed\) overrides public_key.*"
+                                           r"mine/tokens.*train/tokens.*fix: declare it"):
+        start(tmp_path, [Renamed()])
+    # A subclass that only builds its metrics (StageTimes) describes what its declarations do: accepted.
+    assert adapter_declarations([StageTimes()])["stage_times_h3"]["internal_prefix"] == "stage_"
