@@ -17,7 +17,7 @@ import pytest
 from _runs import only_run, tensorboard_run
 from test_run_folder import publisher_pid, tensorboard_steps
 
-from posttrain_metrics import MetricsError
+from posttrain_metrics import MetricsError, register_adapter
 from posttrain_metrics.callbacks import MetricsCallback
 from posttrain_metrics.cli import main
 from posttrain_metrics.core.adapter import Metric, MetricAdapter
@@ -342,3 +342,27 @@ def test_a_subclass_that_describes_its_keys_otherwise_is_refused_naming_the_over
         start(tmp_path, [Renamed()])
     # A subclass that only builds its metrics (StageTimes) describes what its declarations do: accepted.
     assert adapter_declarations([StageTimes()])["stage_times_h3"]["internal_prefix"] == "stage_"
+
+
+def test_an_undeclared_unknown_adapter_is_refused_with_a_fix_that_works(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A header without declarations naming an adapter the catalogue lacks: the command line imports
+    nothing of the user's (there is no --import), so the fix is to register it in Python and run the
+    command from there; followed, it exports."""
+    journal = run(tmp_path / "run", "inline", [{"type": "journal"}])
+    lines = journal.read_text().splitlines()
+    header = json.loads(lines[0])
+    del header["declarations"]
+    journal.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+    argv = ["export", str(journal), "--to", "tensorboard", str(tmp_path / "tb"), "--quiet"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "the journal header names adapter 'stage_times_h3' without declaring it" in err, err
+    assert "register_adapter(adapter)" in err and "posttrain_metrics.cli.main([" in err, err
+    registry = sys.modules["posttrain_metrics.core.catalog"]._REGISTRY  # type: ignore[attr-defined]
+    register_adapter(StageTimes())
+    try:
+        assert main(argv) == 0
+    finally:
+        del registry["stage_times_h3"]
+    assert tensorboard_steps(only_run(tmp_path / "tb"), "train/stage_wait_s") == WAIT
