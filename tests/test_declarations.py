@@ -27,6 +27,7 @@ from posttrain_metrics.core.keys import describe, headline_keys
 from posttrain_metrics.core.reducer import reduce_metrics
 from posttrain_metrics.core.reduction import Reduction, RunAggregate
 from posttrain_metrics.core.summary import RunSummary
+from posttrain_metrics.integrations.memory import MemorySink
 from posttrain_metrics.journal import (
     adapter_declaration,
     adapter_declarations,
@@ -34,6 +35,7 @@ from posttrain_metrics.journal import (
     header_adapters,
     read_journal,
 )
+from posttrain_metrics.publication import Publisher
 
 
 class StageTimes(MetricAdapter):
@@ -321,6 +323,8 @@ def test_two_adapters_of_one_name_are_refused_before_the_header_loses_one(tmp_pa
     second = MetricAdapter("mine", internal_prefix="b_", metrics=[Metric("peak_mb", Reduction.MAX, "Peak")])
     with pytest.raises(MetricsError, match=r"two adapters are named 'mine'.*fix: give each adapter its own name"):
         start(tmp_path, [first, second])
+    with pytest.raises(MetricsError, match="two adapters are named 'mine'"):
+        Publisher([MemorySink()], adapters=[first, second], mode="inline")  # on every rank, before any collective
     same = {"adapters": ["grpo", "grpo"], "declarations": adapter_declarations([get_adapter("grpo")])}
     assert describe(header_adapters(same)) == describe([get_adapter("grpo")])  # one declaration, named twice: read
 
@@ -340,6 +344,8 @@ def test_a_subclass_that_describes_its_keys_otherwise_is_refused_naming_the_over
     with pytest.raises(MetricsError, match=r"adapter 'renamed' \(Renamed\) overrides public_key.*"
                                            r"mine/tokens.*train/tokens.*fix: declare it"):
         start(tmp_path, [Renamed()])
+    with pytest.raises(MetricsError, match="overrides public_key"):
+        Publisher([MemorySink()], adapters=[Renamed()], mode="inline")
     # A subclass that only builds its metrics (StageTimes) describes what its declarations do: accepted.
     assert adapter_declarations([StageTimes()])["stage_times_h3"]["internal_prefix"] == "stage_"
 
