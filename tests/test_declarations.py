@@ -4,6 +4,8 @@ its run, so a user's own adapter needs no import in the publisher process, ``exp
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import json
 import math
 import os
@@ -32,6 +34,7 @@ from posttrain_metrics.journal import (
     adapter_declaration,
     adapter_declarations,
     adapter_from_declaration,
+    declarations,
     header_adapters,
     read_journal,
 )
@@ -278,6 +281,18 @@ def test_a_rebuilt_adapter_reduces_describes_and_aggregates_as_the_original(adap
         original = published(adapter, chunks_of, phase)
         assert original[0][0], (adapter.name, phase)  # the chunks reduce to something
         assert published(again, chunks_of, phase) == original, (adapter.name, phase)
+
+
+def test_every_field_of_a_metric_and_an_adapter_is_declared() -> None:
+    """A field added to Metric or MetricAdapter must be added to the declaration (its reader checks each
+    field's type), and set in EVERY_OPTION so that the round trip above covers it."""
+    fields = {f.name: f for f in dataclasses.fields(Metric)}
+    assert set(fields) == {*declarations._TEXT, *declarations._ENUMS, "labels", "headline", "count"}
+    unset = [name for name, f in fields.items() if f.default is not dataclasses.MISSING
+             and all(getattr(m, name) == f.default for m in EVERY_OPTION.metrics.values())]
+    assert not unset, f"no metric of EVERY_OPTION sets {unset}"
+    taken = set(inspect.signature(MetricAdapter.__init__).parameters) - {"self", "name"}
+    assert taken == set(adapter_declaration(EVERY_OPTION))
 
 
 def test_every_metric_option_survives_the_header_with_its_figures_by_hand() -> None:
