@@ -396,3 +396,20 @@ def test_an_undeclared_unknown_adapter_is_refused_with_a_fix_that_works(
     finally:
         del registry["stage_times_h3"]
     assert tensorboard_steps(only_run(tmp_path / "tb"), "train/stage_wait_s") == WAIT
+
+
+class Patched(MetricAdapter):
+    """A subclass that changes its declarations after MetricAdapter checked them."""
+
+    def __init__(self) -> None:
+        super().__init__("patched", metrics=[Metric("tokens", Reduction.SUM, "Tokens")])
+        self.family_scopes = {"nope": "tokens"}
+
+
+def test_a_subclass_its_readers_could_not_rebuild_is_refused_as_the_runs_own_error() -> None:
+    with pytest.raises(MetricsError) as caught:
+        Publisher([MemorySink()], adapters=[Patched()], mode="inline")
+    said = str(caught.value)
+    assert said.startswith("adapter 'patched' (Patched) cannot be rebuilt from its declarations"), said
+    assert "family_scopes 'nope'" in said and "fix: declare it through MetricAdapter(...)" in said, said
+    assert "journal header" not in said.split(":")[0]

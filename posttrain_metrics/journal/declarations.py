@@ -77,7 +77,15 @@ def adapter_declarations(adapters: Iterable[MetricAdapter]) -> dict[str, dict[st
 
 def _check_rebuilt(adapter: MetricAdapter, declaration: dict[str, Any]) -> None:
     """Refuse a subclass whose keys a reader, rebuilding it from ``declaration``, would describe otherwise."""
-    mine, rebuilt = describe([adapter]), describe([adapter_from_declaration(adapter.name, declaration)])
+    try:
+        again = adapter_from_declaration(adapter.name, declaration)
+    except MetricsError as exc:  # changed after MetricAdapter checked it: no reader could rebuild it
+        raise MetricsError(
+            f"adapter {adapter.name!r} ({type(adapter).__name__}) cannot be rebuilt from its declarations, as every "
+            f"reader of its journal rebuilds it: {exc}; fix: declare it through MetricAdapter(...)'s arguments "
+            "instead of changing the adapter after"
+        ) from None
+    mine, rebuilt = describe([adapter]), describe([again])
     if mine == rebuilt:
         return
     overrides = sorted(name for name in vars(MetricAdapter) if not name.startswith("__") and next(
