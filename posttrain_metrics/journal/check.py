@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.adapter import MetricAdapter
-from ..core.catalog import get_adapter
+from ..core.catalog import adapter_names, get_adapter
 from ..core.errors import MetricsError
 from ..core.extra import user_adapters
 from ..core.frame import Frame
@@ -127,7 +127,16 @@ def header_adapter(header: Mapping[str, Any], name: str) -> MetricAdapter:
     declared = header.get("declarations") or {}
     if name in declared:
         return adapter_from_declaration(name, declared[name])
-    return get_adapter(name)
+    try:
+        return get_adapter(name)
+    except MetricsError:  # get_adapter's fix (register it) needs a Python process: say how
+        raise MetricsError(
+            f"the journal header names adapter {name!r} without declaring it (a header written before headers "
+            f"declared their adapters, or edited), and no adapter of that name is registered here (unknown adapter "
+            f"{name!r}; known: {', '.join(adapter_names())}); the command line imports nothing of yours, so fix: "
+            "in Python, register_adapter(adapter), then posttrain_metrics.cli.main(['export', ...]) (or doctor, "
+            "plot, publish) in the same process"
+        ) from None
 
 
 def header_adapters(header: Mapping[str, Any]) -> tuple[MetricAdapter, ...]:

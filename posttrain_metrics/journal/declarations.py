@@ -26,6 +26,7 @@ from typing import Any
 from ..core.adapter import Metric, MetricAdapter
 from ..core.errors import MetricsError
 from ..core.extra import UserKeys
+from ..core.keys import describe
 from ..core.reduction import Reduction, RunAggregate
 
 __all__ = ["adapter_declaration", "adapter_declarations", "adapter_from_declaration"]
@@ -51,8 +52,53 @@ def adapter_declaration(adapter: MetricAdapter) -> dict[str, Any]:
 
 
 def adapter_declarations(adapters: Iterable[MetricAdapter]) -> dict[str, dict[str, Any]]:
-    """``{name: declaration}`` of every adapter but the user's one-line keys (those travel as ``extra``)."""
-    return {a.name: adapter_declaration(a) for a in adapters if not isinstance(a, UserKeys)}
+    """``{name: declaration}`` of every adapter but the user's one-line keys (those travel as ``extra``).
+
+    What a reader cannot rebuild is refused here, before the run starts, rather than published
+    otherwise by the publisher process, ``export``, ``doctor`` and ``plot``: two different adapters
+    of one name (the header keys declarations by name), and a subclass whose methods describe its
+    keys otherwise than its declarations do (a reader rebuilds a plain :class:`MetricAdapter`)."""
+    out: dict[str, dict[str, Any]] = {}
+    for adapter in adapters:
+        if isinstance(adapter, UserKeys):
+            continue
+        declaration = adapter_declaration(adapter)
+        if out.get(adapter.name, declaration) != declaration:
+            raise MetricsError(
+                f"two adapters are named {adapter.name!r} with different declarations; the journal header "
+                "declares adapters by name, so every reader would rebuild one of them only; fix: give each "
+                "adapter its own name"
+            )
+        out[adapter.name] = declaration
+        if type(adapter) is not MetricAdapter:
+            _check_rebuilt(adapter, declaration)
+    return out
+
+
+def _check_rebuilt(adapter: MetricAdapter, declaration: dict[str, Any]) -> None:
+    """Refuse a subclass whose keys a reader, rebuilding it from ``declaration``, would describe otherwise."""
+    try:
+        again = adapter_from_declaration(adapter.name, declaration)
+    except MetricsError as exc:  # changed after MetricAdapter checked it: no reader could rebuild it
+        raise MetricsError(
+            f"adapter {adapter.name!r} ({type(adapter).__name__}) cannot be rebuilt from its declarations, as every "
+            f"reader of its journal rebuilds it: {exc}; fix: declare it through MetricAdapter(...)'s arguments "
+            "instead of changing the adapter after"
+        ) from None
+    mine, rebuilt = describe([adapter]), describe([again])
+    if mine == rebuilt:
+        return
+    overrides = sorted(name for name in vars(MetricAdapter) if not name.startswith("__") and next(
+        c for c in type(adapter).__mro__ if name in vars(c)) is not MetricAdapter)
+    ours = [k for k in mine if k not in rebuilt or mine[k] != rebuilt[k]][:3]
+    theirs = [k for k in rebuilt if k not in mine or mine[k] != rebuilt[k]][:3]
+    raise MetricsError(
+        f"adapter {adapter.name!r} ({type(adapter).__name__}) overrides {', '.join(overrides) or 'a method'}, "
+        f"so it describes its keys as {ours} where its declarations say {theirs}; the journal header carries "
+        "the declarations only (the internal prefix, phases, ignored names, family scopes and each Metric), "
+        "and the publisher process, export, doctor and plot rebuild the adapter from them; fix: declare it "
+        "in the Metric fields (namespace=, source=, ...) instead of overriding MetricAdapter's methods"
+    )
 
 
 def adapter_from_declaration(name: str, record: Any) -> MetricAdapter:

@@ -239,6 +239,8 @@ class Publisher:
         self.unstarted: set[str] = set()  # sinks whose start() failed: skipped, the journal has all
         self.adapters = resolve_adapters(adapters)
         self.keys = describe(self.adapters)
+        # What the journal header declares; refused here, on every rank, if a reader could not rebuild it.
+        self.declarations = adapter_declarations(self.adapters)
         if run_id is not None and not (isinstance(run_id, str) and SAFE_RUN_ID.fullmatch(run_id)):
             raise MetricsError(
                 f"run_id {run_id!r:.80} is not a safe run id (it names files and tracker runs); fix: use "
@@ -318,7 +320,7 @@ class Publisher:
             adapters=tuple(a.name for a in self.adapters if not isinstance(a, UserKeys)),
             started=started if started is not None else time.time(),
             extra=declarations(self.adapters),  # the journal header carries them: readers rebuild them
-            declarations=adapter_declarations(self.adapters),  # so does every adapter's: no import needed
+            declarations=self.declarations,  # so does every adapter's: no import needed
         )
         self.run = run
         if self.publishes_here():

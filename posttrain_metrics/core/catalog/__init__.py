@@ -42,7 +42,8 @@ def get_adapter(name: str) -> MetricAdapter:
 
 
 def register_adapter(adapter: MetricAdapter, *, replace: bool = False) -> MetricAdapter:
-    """Make ``adapter`` available by name (to configs, the command line and ``get_adapter``)."""
+    """Make ``adapter`` available by name (to configs and ``get_adapter``, in this process). Reading a
+    run needs no registration: its journal header declares every adapter it used."""
     if adapter.name in _REGISTRY and not replace and _REGISTRY[adapter.name] is not adapter:
         raise MetricsError(
             f"an adapter named {adapter.name!r} is already registered; fix: choose another name "
