@@ -102,8 +102,6 @@ ONE_JOB = {
     "journal.py": "TO SPLIT (issue 26 item 4)",
     "doctor.py": "TO SPLIT (issue 26 item 5)",
     "plot.py": "TO SPLIT (issue 26 item 5)",
-    "integrations/tensorboard.py": "TO SPLIT (issue 26 item 5)",
-    "integrations/mlflow.py": "TO SPLIT (issue 26 item 5)",
     "core/layout.py": "the packed buffer layout of one collective: one job",
     "core/redact.py": "the redaction rules: one job",
     "publication/publisher.py": "TO SPLIT (issue 26 item 1)",

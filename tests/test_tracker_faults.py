@@ -450,7 +450,7 @@ def test_a_long_runs_completions_stay_tables_with_a_valid_tag(tmp_path: Path, mo
     from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
 
     from posttrain_metrics.core.samples import Samples
-    from posttrain_metrics.integrations import mlflow_tables
+    from posttrain_metrics.integrations.mlflow import tables as mlflow_tables
 
     if block is not None:
         monkeypatch.setattr(mlflow_tables, "BLOCK", block)
