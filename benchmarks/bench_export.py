@@ -348,7 +348,7 @@ def main() -> int:
         print(f"\nwhere the time goes, TensorBoard: profile of the export of {n_profile} frames (cProfile, "
               f"{total:.1f} s profiled, the calling thread), top functions by own time:\n")
         print(table)
-        from posttrain_metrics.integrations.tensorboard import _crc32c
+        from posttrain_metrics.integrations.tensorboard.events import _crc32c
 
         c_crc = _crc32c()
         data = os.urandom(round(bytes_per_frame))

@@ -159,7 +159,7 @@ def overload(steps: int, rate: float, windows: list[list[dict[str, object]]], ro
     sinks: list[Any] = [JournalSink(root / "journal.jsonl"), ConsoleSink(stream=devnull),
                         TensorBoardSink(log_dir=root / "tb"),
                         WandbSink(project="posttrain-metrics-bench", dir=root, mode="offline", settings={"quiet": True}),
-                        MlflowSink(dir=root, experiment="bench-memory-overload")]
+                        MlflowSink(dir=root, experiment_name="bench-memory-overload")]
     pub = Publisher(sinks, adapters=GRPO_ADAPTERS, run_name="bench-memory-overload", run_id=run_id,
                     close_timeout=24 * 3600.0)
     reducer = MetricReducer(GRPO_ADAPTERS)
@@ -293,7 +293,7 @@ def run(steps: int, every: int, trace: bool, windows: list[list[dict[str, object
     if args.mlflow:
         from posttrain_metrics.integrations.mlflow import MlflowSink
 
-        sinks.append(MlflowSink(tracking_uri=args.mlflow_uri, dir=root, experiment="bench-memory"))
+        sinks.append(MlflowSink(tracking_uri=args.mlflow_uri, dir=root, experiment_name="bench-memory"))
     pub = Publisher(sinks, adapters=GRPO_ADAPTERS, run_name="bench-memory", close_timeout=24 * 3600.0)
     reducer = MetricReducer(GRPO_ADAPTERS)
     rows = []

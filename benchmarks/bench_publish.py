@@ -320,7 +320,7 @@ def make_sinks(names: tuple[str, ...], folder: Path, mlflow_uri: str, stream: An
         "journal": lambda: JournalSink(folder / "journal.jsonl"),
         "wandb": lambda: WandbSink(project="posttrain-metrics-bench", dir=folder, mode="offline",
                                    settings={"quiet": True}),
-        "mlflow": lambda: MlflowSink(tracking_uri=mlflow_uri, experiment="bench-publish"),
+        "mlflow": lambda: MlflowSink(tracking_uri=mlflow_uri, experiment_name="bench-publish"),
         "tensorboard": lambda: TensorBoardSink(log_dir=folder / "tensorboard"),
         "console": lambda: ConsoleSink(stream=stream),
     }

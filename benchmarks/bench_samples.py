@@ -98,11 +98,11 @@ def bench_sinks(iters: int, mlflow_uri: str | None) -> None:
     with tempfile.TemporaryDirectory() as d:
         sinks: list[tuple[str, Any]] = [
             ("tensorboard", TensorBoardSink(log_dir=Path(d) / "tb")),
-            ("mlflow (embedded sqlite)", MlflowSink(dir=Path(d), experiment="bench")),
+            ("mlflow (embedded sqlite)", MlflowSink(dir=Path(d), experiment_name="bench")),
             ("wandb (offline)", WandbSink(project="bench", dir=Path(d), settings={"quiet": True})),
         ]
         if mlflow_uri:
-            sinks.insert(2, ("mlflow (server)", MlflowSink(tracking_uri=mlflow_uri, dir=Path(d), experiment="bench")))
+            sinks.insert(2, ("mlflow (server)", MlflowSink(tracking_uri=mlflow_uri, dir=Path(d), experiment_name="bench")))
         for name, sink in sinks:
             sink.start(run)
             fit = iter(frames)

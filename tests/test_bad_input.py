@@ -328,7 +328,7 @@ def vendors(tmp_path_factory: pytest.TempPathFactory) -> Vendors:
 
     root = tmp_path_factory.mktemp("vendors")
     sinks = [JournalSink(root / "journal.jsonl"), TensorBoardSink(log_dir=root / "tensorboard"),
-             MlflowSink(dir=root, experiment="bad-input"),
+             MlflowSink(dir=root, experiment_name="bad-input"),
              WandbSink(project="bad-input", dir=root, mode="offline", settings={"quiet": True})]
     pub = Publisher(sinks, adapters=[ODD], run_id="badinput01", run_name="bad-input")
     reducer = MetricReducer([ODD])
@@ -727,10 +727,10 @@ def test_a_planted_secret_of_any_shape_is_in_no_byte_of_any_artefact(
                        "wandb notes": "Pq43-wandb-notes", "wandb group": "Pq44-group-pass",
                        "mlflow tag key": "sk-Pq45tagKeyIsAToken0123456789ab"}
     root = tmp_path / "run"
-    served = MlflowSink(tracking_uri=mlflow_server, experiment=f"planted-{uuid.uuid4().hex[:8]}")
+    served = MlflowSink(tracking_uri=mlflow_server, experiment_name=f"planted-{uuid.uuid4().hex[:8]}")
     served.name = "mlflow-server"
     console = io.StringIO()
-    tagged = MlflowSink(dir=root, experiment="planted",
+    tagged = MlflowSink(dir=root, experiment_name="planted",
                         tags={"team": "rl", "ci_token": tracker_secrets["mlflow tag"],
                               "source": f"https://ci:{tracker_secrets['mlflow tag URI']}@git.internal/rl.git",
                               tracker_secrets["mlflow tag key"]: "x"})

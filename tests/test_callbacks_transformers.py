@@ -83,7 +83,7 @@ def tiny_llama(vocab: int) -> Any:
 
 def sinks(wandb: bool) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = [{"type": "journal"}, {"type": "console"}, {"type": "tensorboard"},
-                                 {"type": "mlflow", "experiment": "hf-callback"}]
+                                 {"type": "mlflow", "experiment_name": "hf-callback"}]
     if wandb:
         out.append({"type": "wandb", "project": "hf-callback", "mode": "offline",
                     "system_metrics": False, "settings": {"quiet": True}})

@@ -78,7 +78,7 @@ def worker_grpo(out: Path) -> None:
         **({"ddp_backend": "gloo"} if "RANK" in os.environ else {}),
     )
     sinks: list[dict[str, Any]] = [{"type": "journal"}, {"type": "console"}, {"type": "tensorboard"},
-                                   {"type": "mlflow", "experiment": "trl-exact"}]
+                                   {"type": "mlflow", "experiment_name": "trl-exact"}]
     if "RANK" in os.environ:  # the 2-process run also writes an offline W&B run
         sinks.append({"type": "wandb", "project": "trl-exact", "mode": "offline", "system_metrics": False,
                       "settings": {"quiet": True}})

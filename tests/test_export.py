@@ -41,7 +41,7 @@ def frames() -> list[Frame]:
 def live(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("live")
     sinks = [JournalSink(root / "journal.jsonl"), TensorBoardSink(log_dir=root / "tensorboard" / "{name}-{run_id}"),
-             MlflowSink(dir=root, experiment="export-test"),
+             MlflowSink(dir=root, experiment_name="export-test"),
              WandbSink(project="export-test", entity="export-team", dir=root, settings={"quiet": True})]
     pub = Publisher(sinks, adapters=GRPO_ADAPTERS, run_name="export-test", run_id=RUN_ID)
     pub.start({"rl": {"kl_beta": 0.04}})
@@ -344,7 +344,7 @@ def test_publish_by_hand_finishes_what_a_stopped_publisher_left(tmp_path: Path, 
     monkeypatch.setattr(process.PublisherProcess, "_spawn", lambda self: None)  # a publisher that never ran
     journal = tmp_path / "journal.jsonl"
     pub = Publisher([JournalSink(journal), TensorBoardSink(log_dir=tmp_path / "tensorboard"),
-                     MlflowSink(dir=tmp_path, experiment="by-hand")],
+                     MlflowSink(dir=tmp_path, experiment_name="by-hand")],
                     adapters=GRPO_ADAPTERS, run_id="byhand01", run_name="by-hand")
     assert [s.name for s in pub.in_child] == ["tensorboard", "mlflow"]
     pub.start({"rl": {"kl_beta": 0.04}})

@@ -253,7 +253,7 @@ def test_the_publisher_process_feeds_user_keys_to_every_tracker(tmp_path: Path, 
     out = tmp_path / "run"
     _run_with_extra(out, [
         {"type": "tensorboard"},
-        {"type": "mlflow", "tracking_uri": mlflow_server, "experiment": "extra"},
+        {"type": "mlflow", "tracking_uri": mlflow_server, "experiment_name": "extra"},
         {"type": "wandb", "project": "extra", "mode": "offline", "settings": {"quiet": True}},
     ], "extrarun01")
     journal = read_journal(out / "journal.jsonl")

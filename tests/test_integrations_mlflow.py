@@ -93,9 +93,9 @@ def backend(request: pytest.FixtureRequest, embedded_dir: Path) -> Backend:
     if request.param == "server":
         uri = request.getfixturevalue("mlflow_server")
         return Backend("server", SERVER_STORES[uri],
-                       lambda **kw: MlflowSink(tracking_uri=uri, experiment=experiment, **kw))
+                       lambda **kw: MlflowSink(tracking_uri=uri, experiment_name=experiment, **kw))
     # the embedded default, sqlite:///<dir>/mlflow.db
-    return Backend("sqlite", embedded_dir, lambda **kw: MlflowSink(dir=embedded_dir, experiment=experiment, **kw))
+    return Backend("sqlite", embedded_dir, lambda **kw: MlflowSink(dir=embedded_dir, experiment_name=experiment, **kw))
 
 
 def publish(
@@ -343,15 +343,15 @@ def test_tracking_uri_explicit_then_environment_then_embedded(
 ) -> None:
     embedded = "sqlite:///" + (embedded_dir / "mlflow.db").resolve().as_posix()
     os.environ["MLFLOW_TRACKING_URI"] = embedded
-    explicit = MlflowSink(tracking_uri=mlflow_server, dir=tmp_path / "a", experiment="uri")
-    from_env = MlflowSink(dir=tmp_path / "b", experiment="uri")
+    explicit = MlflowSink(tracking_uri=mlflow_server, dir=tmp_path / "a", experiment_name="uri")
+    from_env = MlflowSink(dir=tmp_path / "b", experiment_name="uri")
     for sink in (explicit, from_env):
         sink.start(run_info())
         sink.close()
     assert explicit.tracking_uri == mlflow_server and from_env.tracking_uri == embedded
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()  # no embedded store made
     del os.environ["MLFLOW_TRACKING_URI"]
-    default = MlflowSink(dir=embedded_dir, experiment="uri-embedded")
+    default = MlflowSink(dir=embedded_dir, experiment_name="uri-embedded")
     default.start(run_info())
     default.close()
     assert default.tracking_uri == embedded
@@ -363,7 +363,7 @@ def test_tracking_uri_explicit_then_environment_then_embedded(
 
 def test_http_retry_settings(mlflow_server: str) -> None:
     def started(**kw: Any) -> None:
-        sink = MlflowSink(tracking_uri=mlflow_server, experiment="http-settings", **kw)
+        sink = MlflowSink(tracking_uri=mlflow_server, experiment_name="http-settings", **kw)
         sink.start(run_info())
         sink.close()
 
@@ -457,7 +457,7 @@ def test_dead_server_costs_the_sink_not_the_step(tmp_path: Path, mlflow_server: 
     outage = Outage(mlflow_server)
     outage.up()
     frames = grpo_run(steps=10)
-    sink = MlflowSink(tracking_uri=outage.uri, experiment="outage", http_max_retries=1,
+    sink = MlflowSink(tracking_uri=outage.uri, experiment_name="outage", http_max_retries=1,
                       http_backoff_factor=0, http_timeout=5)
     # No stopwatch: the sink's writes are watched. Each records its thread; during the outage the first
     # one is held until the test has published every outage step, so a step that waited on the sink
@@ -530,7 +530,7 @@ def test_server_down_at_close_gives_up_quickly(tmp_path: Path, mlflow_server: st
     outage = Outage(mlflow_server)
     outage.up()
     drain_timeout = 120
-    sink = MlflowSink(tracking_uri=outage.uri, experiment="down-at-close", http_max_retries=0,
+    sink = MlflowSink(tracking_uri=outage.uri, experiment_name="down-at-close", http_max_retries=0,
                       http_backoff_factor=0, http_timeout=5, backlog=3, drain_timeout=drain_timeout)
     pub = Publisher([JournalSink(tmp_path / "journal.jsonl"), sink], adapters=GRPO_ADAPTERS, mode="inline")
     try:
@@ -663,11 +663,8 @@ def test_the_printed_link_opens_the_runs_table_on_the_headline_columns(mlflow_se
         "http://127.0.0.1:5000/#/experiments/7/runs?workflowType=machine_learning&viewStateShareKey=posttrain-metrics")
 
 
-def test_experiment_name_and_its_older_alias(tmp_path: Path) -> None:
+def test_experiment_name_then_the_environment(tmp_path: Path) -> None:
     assert MlflowSink(experiment_name="a").experiment_name() == "a"
-    assert MlflowSink(experiment="a").experiment_name() == "a"
-    with pytest.raises(Exception, match="two different experiments"):
-        MlflowSink(experiment_name="a", experiment="b")
     os.environ["MLFLOW_EXPERIMENT_NAME"] = "from-env"
     assert MlflowSink().experiment_name() == "from-env" and MlflowSink(experiment_name="a").experiment_name() == "a"
 
@@ -723,7 +720,7 @@ def test_direct_sqlite_writes_store_what_log_batch_stores(tmp_path: Path) -> Non
     must read back the same, point for point (history) and key for key (the runs table's latest)."""
     from mlflow.entities import Metric
 
-    from posttrain_metrics.integrations.mlflow import _SqlitePoints
+    from posttrain_metrics.integrations.mlflow.direct import _SqlitePoints
 
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     experiment = client.create_experiment("oracle")
@@ -764,10 +761,10 @@ def test_the_embedded_store_is_written_directly_and_a_server_is_not(backend: Bac
 def test_a_store_of_another_shape_goes_through_log_batch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Tables whose columns differ from what the direct writer writes (another MLflow version): the
     sink falls back to MLflow's own log_batch, and every point still lands."""
-    from posttrain_metrics.integrations.mlflow import _SqlitePoints
+    from posttrain_metrics.integrations.mlflow.direct import _SqlitePoints
 
     monkeypatch.setattr(_SqlitePoints, "COLUMNS", _SqlitePoints.COLUMNS | {"model_id"})
-    sink = MlflowSink(dir=tmp_path, experiment="shape")
+    sink = MlflowSink(dir=tmp_path, experiment_name="shape")
     sink.start(run_info())
     assert sink._direct is None
     for step in (1, 2, 3):
@@ -782,7 +779,7 @@ def test_a_deleted_or_removed_run_is_rejected_not_retried(tmp_path: Path, gone: 
     `mlflow gc` removes it (404, "not found"): the direct write is refused with MLflow's own error, as
     log_batch refuses it, counted in rejected and warned about; nothing is retried, and the sink is
     not left degraded."""
-    sink = MlflowSink(dir=tmp_path, experiment="deleted", drain_timeout=10)
+    sink = MlflowSink(dir=tmp_path, experiment_name="deleted", drain_timeout=10)
     sink.start(run_info())
     assert sink._direct is not None
     sink.write(Frame(1, {"train/loss_avg": 0.1}, "train", 1_700_000_001.0))
@@ -815,7 +812,7 @@ def test_a_store_locked_by_another_writer_is_waited_for(monkeypatch: pytest.Monk
     write, never one that an earlier MLflow session already configured."""
     import sqlite3
 
-    from posttrain_metrics.integrations.mlflow import _SqlitePoints
+    from posttrain_metrics.integrations.mlflow.direct import _SqlitePoints
 
     monkeypatch.setenv("MLFLOW_SQLALCHEMYSTORE_POOLCLASS", "NullPool")
     path = tmp_path / "mlflow.db"

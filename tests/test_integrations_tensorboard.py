@@ -562,7 +562,7 @@ def test_event_bytes_equal_tensorboards_own_protos_and_read_back_like_its_writer
     from tensorboard.compat.proto import event_pb2
     from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-    from posttrain_metrics.integrations import tensorboard as tb_module
+    from posttrain_metrics.integrations.tensorboard import events as tb_module
 
     if background is not None:
         monkeypatch.setattr(tb_module, "_BACKGROUND_BYTES", background)
@@ -602,7 +602,7 @@ def test_event_bytes_equal_tensorboards_own_protos_and_read_back_like_its_writer
 def test_a_write_that_fails_on_the_writer_thread_is_the_sinks_failure_not_a_hang(tmp_path, monkeypatch):
     # A disk that fills up mid-run: the writer thread's OSError reaches the publisher (warned once,
     # counted), the run closes without hanging, and what was written before the failure reads back.
-    from posttrain_metrics.integrations import tensorboard as tb_module
+    from posttrain_metrics.integrations.tensorboard import events as tb_module
 
     monkeypatch.setattr(tb_module, "_BACKGROUND_BYTES", 1)  # every flush by the writer thread
     monkeypatch.setattr(tb_module, "_QUEUED", 1)
@@ -657,7 +657,7 @@ class FlakyDisk:
 
 
 def test_a_failed_write_on_the_calling_thread_is_written_again_by_the_next_flush(tmp_path):
-    from posttrain_metrics.integrations import tensorboard as tb_module
+    from posttrain_metrics.integrations.tensorboard import events as tb_module
 
     writer = tb_module._EventFile(tmp_path, tb_module._import_tensorboard())
     writer._file = FlakyDisk(writer._file, failures=1)
@@ -674,7 +674,7 @@ def test_a_failed_write_on_the_writer_thread_is_raised_once_and_written_again_be
         tmp_path, monkeypatch):
     import traceback
 
-    from posttrain_metrics.integrations import tensorboard as tb_module
+    from posttrain_metrics.integrations.tensorboard import events as tb_module
 
     monkeypatch.setattr(tb_module, "_BACKGROUND_BYTES", 1)  # every flush by the writer thread
     writer = tb_module._EventFile(tmp_path, tb_module._import_tensorboard())

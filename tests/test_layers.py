@@ -99,8 +99,6 @@ def test_every_top_level_module_has_a_layer() -> None:
 LIMIT = 520
 ONE_JOB = {
     "demo/grpo_toy.py": "the demo's toy GRPO trainer (model, rollouts, loss): one job, read top to bottom",
-    "integrations/tensorboard.py": "TO SPLIT (issue 26 item 5)",
-    "integrations/mlflow.py": "TO SPLIT (issue 26 item 5)",
     "integrations/wandb.py": "the W&B sink (start, frames, summaries and step metrics, tables, close): one job",
     "core/layout.py": "the packed buffer layout of one collective: one job",
     "core/redact.py": "the redaction rules: one job",

@@ -25,7 +25,7 @@ def run(out: Path, mlflow: dict[str, Any], publisher: str) -> dict[str, dict[str
     cb = MetricsCallback(
         adapters=["grpo", "reward", "trainer"], out_dir=out, run_id=f"record{publisher}", run_name="record",
         publisher=publisher, extra={"my/oom_retries": "sum"},
-        sinks=[{"type": "journal"}, {"type": "mlflow", "experiment": "record", **mlflow},
+        sinks=[{"type": "journal"}, {"type": "mlflow", "experiment_name": "record", **mlflow},
                {"type": "wandb", "project": "record", "mode": "offline", "settings": {"quiet": True}}],
     )
     rng = random.Random(3)

@@ -433,7 +433,7 @@ def test_what_trackers_store_besides_the_config_is_redacted_and_read_back(
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
     token = "hf_Pw25TrackerFieldsTokenAbCdEf0123456"
-    mlflow = MlflowSink(dir=tmp_path, experiment="fields", run_name=f"sweep-{token}",
+    mlflow = MlflowSink(dir=tmp_path, experiment_name="fields", run_name=f"sweep-{token}",
                         tags={"team": "rl", "ci_token": "Pw25-ci-token", "repo": "https://ci:Pw25-repo@git.internal/rl.git"})
     wandb_sink = WandbSink(project="fields", dir=tmp_path, mode="offline", settings={"quiet": True},
                            tags=["grpo", token], group="redis://:Pw25-group@cache:6379", notes="HF_TOKEN=Pw25-notes lr 1e-6")
@@ -467,7 +467,7 @@ def test_mlflows_param_name_warning_shows_no_secret_used_as_a_key(tmp_path: Any)
     from posttrain_metrics.publication import Publisher
 
     secret = "Pw25-mirror-key-pass"
-    sink = MlflowSink(dir=tmp_path, experiment="keys")
+    sink = MlflowSink(dir=tmp_path, experiment_name="keys")
     pub = Publisher([sink], adapters="grpo", background=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -107,7 +107,7 @@ def test_a_run_aggregate_is_declared_on_exact_counters_only() -> None:
 
 def test_every_tracker_shows_the_declared_run_aggregates(tmp_path: Path) -> None:
     tb = tmp_path / "tb"
-    sinks = [TensorBoardSink(log_dir=tb), MlflowSink(dir=tmp_path, experiment="aggregates"),
+    sinks = [TensorBoardSink(log_dir=tb), MlflowSink(dir=tmp_path, experiment_name="aggregates"),
              WandbSink(project="aggregates", dir=tmp_path, settings={"quiet": True})]
     pub = Publisher(sinks, adapters=["trainer"], run_name="aggregates", run_id=RUN_ID)
     pub.start({})

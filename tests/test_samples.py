@@ -139,7 +139,7 @@ def test_samples_reach_every_tracker_through_the_publisher_process(tmp_path: Pat
     from posttrain_metrics.integrations.wandb_reader import read_offline_run
 
     out = tmp_path / "run"
-    drive(out, [{"type": "tensorboard"}, {"type": "mlflow", "tracking_uri": mlflow_server, "experiment": "samples"},
+    drive(out, [{"type": "tensorboard"}, {"type": "mlflow", "tracking_uri": mlflow_server, "experiment_name": "samples"},
                 {"type": "wandb", "project": "samples", "mode": "offline", "settings": {"quiet": True}}], "samplesrun01")
     want = kept_rows(out)
     status = json.loads((out / "journal.jsonl.publisher.json").read_text())

@@ -121,7 +121,7 @@ def test_a_killed_mlflow_server_restarted_later_holds_every_step_once(
     proc, uri = start_server(root, port)
     servers = [proc]
     try:
-        sink = MlflowSink(tracking_uri=uri, experiment="killed-server", http_max_retries=0,
+        sink = MlflowSink(tracking_uri=uri, experiment_name="killed-server", http_max_retries=0,
                           http_backoff_factor=0, http_timeout=5, drain_timeout=60)
         pub = Publisher([JournalSink(tmp_path / "journal.jsonl"), sink], adapters=GRPO_ADAPTERS,
                         run_id="killedserver01")  # the default: a publisher process feeds MLflow
@@ -252,7 +252,7 @@ class SlowProxy:
 def test_a_tracker_that_answers_after_2_s_costs_the_steps_nothing(tmp_path: Path, mlflow_server: str) -> None:
     proxy = SlowProxy(mlflow_server, delay=2.0).start()
     try:
-        sink = MlflowSink(tracking_uri=proxy.uri, experiment=f"slow-{uuid.uuid4().hex[:8]}", http_timeout=30,
+        sink = MlflowSink(tracking_uri=proxy.uri, experiment_name=f"slow-{uuid.uuid4().hex[:8]}", http_timeout=30,
                           drain_timeout=120)
         pub = Publisher([JournalSink(tmp_path / "journal.jsonl"), sink], adapters=GRPO_ADAPTERS)
         t0 = time.perf_counter()
@@ -309,7 +309,7 @@ from posttrain_metrics.callbacks import MetricsCallback
 
 cb = MetricsCallback(
     adapters=["grpo", "reward", "trainer"], out_dir=sys.argv[1], run_id="killedrun01", run_name="killed",
-    sinks=[{{"type": "journal"}}, {{"type": "tensorboard"}}, {{"type": "mlflow", "experiment": "killed"}},
+    sinks=[{{"type": "journal"}}, {{"type": "tensorboard"}}, {{"type": "mlflow", "experiment_name": "killed"}},
            {{"type": "wandb", "project": "killed", "mode": "offline", "settings": {{"quiet": True}}}}],
 )
 cb.on_run_start({{"rl": {{"kl_beta": 0.04}}, "mlflow": {{"experiment": "killed"}}}})
@@ -493,8 +493,8 @@ def files_under(folder: Path) -> list[Path]:
 
 def test_a_planted_secret_is_in_no_byte_any_backend_stored(tmp_path: Path, mlflow_server: str) -> None:
     root = tmp_path / "run"
-    embedded = MlflowSink(dir=root, experiment="secrets")
-    served = MlflowSink(tracking_uri=mlflow_server, experiment=f"secrets-{uuid.uuid4().hex[:8]}")
+    embedded = MlflowSink(dir=root, experiment_name="secrets")
+    served = MlflowSink(tracking_uri=mlflow_server, experiment_name=f"secrets-{uuid.uuid4().hex[:8]}")
     served.name = "mlflow-server"  # two sinks of one kind: the publisher tells them apart by name
     sinks = [JournalSink(root / "journal.jsonl"), TensorBoardSink(log_dir=root / "tensorboard"), embedded, served,
              WandbSink(project="secrets", dir=root, mode="offline", settings={"quiet": True})]
@@ -750,7 +750,7 @@ def test_the_publisher_status_file_holds_no_tracking_uri_password(tmp_path: Path
     password = "PLANTED-STATUS-PW-3c9d"
     host = urlsplit(mlflow_server).netloc
     root = tmp_path / "run"
-    sink = MlflowSink(tracking_uri=f"http://bob:{password}@{host}", experiment=f"status-{uuid.uuid4().hex[:8]}")
+    sink = MlflowSink(tracking_uri=f"http://bob:{password}@{host}", experiment_name=f"status-{uuid.uuid4().hex[:8]}")
     pub = Publisher([JournalSink(root / "journal.jsonl"), sink], adapters=GRPO_ADAPTERS, run_id="statusrun01")
     assert pub.in_child == [sink]  # fed by the publisher process, which writes the status file
     pub.start({})

@@ -449,7 +449,7 @@ def test_a_long_runs_completions_stay_tables_with_a_valid_tag(tmp_path: Path, mo
     4 steps the tag fills up and blocks are merged (read back from the store) until it fits."""
     from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
 
-    from posttrain_metrics.integrations import mlflow_tables
+    from posttrain_metrics.integrations.mlflow import tables as mlflow_tables
     from posttrain_metrics.journal.samples import Samples
 
     if block is not None:

@@ -44,7 +44,7 @@ def demo_sinks(
     if tensorboard:
         sinks.append({"type": "tensorboard"})
     if mlflow:
-        sinks.append({"type": "mlflow", "experiment": "posttrain-metrics-demo",
+        sinks.append({"type": "mlflow", "experiment_name": "posttrain-metrics-demo",
                       **({"tracking_uri": mlflow_uri} if mlflow_uri else {})})
     if wandb:
         sinks.append({"type": "wandb", "project": "posttrain-metrics-demo", "settings": {"quiet": True}})

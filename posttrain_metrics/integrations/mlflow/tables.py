@@ -4,8 +4,8 @@ MLflow's UI shows a ``.json`` artifact as a table (rather than as text) only whe
 ``mlflow.loggedArtifacts`` tag lists it (``[{"path": ..., "type": "table"}]``: its artifact view and
 its evaluation view read the tag, nothing else), and ``log_table`` adds one entry per file to that tag.
 A tag holds at most ``MAX_TAG_VAL_LENGTH`` (8,000) characters and MLflow cuts a longer value, so one
-table per step broke past about 107 steps: the tag became invalid JSON, every table lost its view
-and ``log_table`` itself failed on it. ``log_table`` also downloads and rewrites a file it appends to.
+table per step breaks past about a hundred steps: the tag becomes invalid JSON, every table loses its
+view and ``log_table`` itself fails on it. ``log_table`` also downloads and rewrites a file it appends to.
 
 So the rows go two ways, each at a cost per step that does not grow with the run:
 
@@ -162,7 +162,7 @@ class SampleTables:
             held = self.client.get_run(self.run_id).data.tags.get(LOGGED_ARTIFACTS, "[]")
             try:
                 entries = json.loads(held)
-            except ValueError:  # cut by MLflow (a run our earlier version wrote): nothing readable in it
+            except ValueError:  # cut by MLflow (one table per step, logged by hand): nothing readable
                 entries = []
             self.others = [e for e in entries if not (isinstance(e, dict) and str(e.get("path", "")).startswith(
                 (f"{STEP_DIR}/", f"{BLOCK_DIR}/")))]
