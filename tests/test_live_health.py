@@ -1,0 +1,205 @@
+"""Live health (posttrain_metrics.publication.health): the doctor's checks over a journal as it is
+written agree with the offline doctor on every journal of the doctor's tests and on random runs; the
+stop bit rides in the reducer's buffer; the actions config; the trackers' findings read back."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import random
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import test_health as th
+from _runs import grpo_run
+
+from posttrain_metrics import Frame, MetricReducer
+from posttrain_metrics.core.errors import MetricsError
+from posttrain_metrics.doctor import CHECKS, Finding, run_checks
+from posttrain_metrics.journal import open_journal, read_journal
+from posttrain_metrics.publication.health import (
+    CLOSE_ONLY,
+    LIVE_TRENDS,
+    LiveHealth,
+    check_of,
+    findings_path,
+    parse_health,
+    read_findings,
+    stop_code,
+    stop_path,
+)
+
+# -- the live doctor against the offline one ---------------------------------------------------------
+
+
+def live(path: Path, actions: dict[str, str] | None = None, *, file: bool = False) -> LiveHealth:
+    """The live doctor over a finished journal, fed a few lines at a time (as a publisher that wakes
+    while the run writes), then closed."""
+    health = LiveHealth(path, parse_health(actions or {}), live=file, batch=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        while health.step():
+            pass
+        health.close()
+    return health
+
+
+def check_agreement(path: Path, offline: list[Finding]) -> None:
+    """The contract of the module docstring, on one journal (independent of the code under test: the
+    offline doctor's findings and the journal's own frame steps)."""
+    health = live(path)
+    steps = [f.step for f in read_journal(path).frames if f.phase == "train"]
+    by_check = {f.check: f for f in offline}
+    events = [e for e in health.events if e["kind"] == "finding"]
+    assert len({e["check"] for e in events}) == len(events)  # each check published once
+    # every offline finding is published: live, or at the close
+    assert {f.check for f in offline} <= {e["check"] for e in events}
+    for e in events:
+        if e["when"] == "close":
+            assert e["check"] in by_check and e == {**e, **by_check[e["check"]].to_dict()}
+            continue
+        assert e["check"] not in CLOSE_ONLY
+        if e["check"] in LIVE_TRENDS:
+            continue  # a fixed baseline live (documented): checked below on the tests' journals
+        whole = by_check[e["check"]]
+        assert e["severity"] == whole.severity.value
+        assert set(e["steps"]) <= set(whole.steps)
+        if whole.steps:  # fired within one frame of the first step the offline doctor names
+            first = min(whole.steps)
+            later = [s for s in steps if s > first]
+            assert e["step"] in {first, *later[:1]}, (e["check"], e["step"], first)
+    if not any(e["check"] in LIVE_TRENDS and e["when"] == "live" for e in events):
+        return
+    for e in events:  # on the doctor's journals the live trend checks agree with the offline ones
+        if e["check"] in LIVE_TRENDS:
+            assert e["check"] in by_check
+
+
+def _journal_tests() -> list[str]:
+    return [name for name, fn in vars(th).items()
+            if name.startswith("test_") and callable(fn) and list(inspect.signature(fn).parameters) == ["tmp_path"]
+            and "doctor(" in inspect.getsource(fn)]
+
+
+@pytest.mark.parametrize("name", _journal_tests())
+def test_the_live_doctor_agrees_with_the_offline_one_on_the_doctors_journals(name, tmp_path, monkeypatch):
+    offline_doctor = th.doctor
+    seen = []
+
+    def doctor(tmp: Path, frames: list[Frame], **kw: object) -> list[Finding]:
+        findings = offline_doctor(tmp, frames, **kw)
+        check_agreement(tmp / "journal.jsonl", findings)
+        seen.append(1)
+        return findings
+
+    monkeypatch.setattr(th, "doctor", doctor)
+    getattr(th, name)(tmp_path)
+    assert seen
+
+
+def _random_run(rng: random.Random) -> tuple[list[Frame], dict[str, Any]]:
+    frames = grpo_run(steps=rng.randint(4, 40), seed=rng.randint(0, 10**6))
+    changes: dict[int, dict[str, object]] = {}
+    for _ in range(rng.randint(0, 4)):
+        step = rng.choice(frames).step
+        kind = rng.randrange(5)
+        if kind == 0:
+            changes[step] = {"train/kl_mean": 1e-3, "train/kl_max": 5.0, "train/grad_norm": 60.0}
+        elif kind == 1:
+            changes[step] = {"train/clip_frac": 0.2}
+        elif kind == 2:
+            changes[step] = {"train/grpo_informative_group_count": 0}
+        elif kind == 3:
+            changes[step] = {"train/loss_avg": float("nan"), "optim/update_outcome": "applied"}
+        else:
+            changes[step] = {"train/sc_rho_max": 500.0}
+    config = {"rl": {"n_mini": rng.choice([1, 2])}, "rollout": {"max_tokens": 16}}
+    return th.edit(frames, changes), config
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_live_doctor_agrees_with_the_offline_one_on_random_runs(seed, tmp_path):
+    frames, config = _random_run(random.Random(seed))
+    path = th.write_journal(tmp_path / "journal.jsonl", frames, config=config)
+    check_agreement(path, run_checks(open_journal(path)))
+
+
+def test_the_findings_file_holds_each_finding_then_the_runs_verdict(tmp_path):
+    frames = th.edit(th.healthy(), {9: {"train/kl_mean": 1e-3, "train/kl_max": 5.0, "train/grad_norm": 40.0}})
+    path = th.write_journal(tmp_path / "journal.jsonl", frames)
+    health = live(path, {"kl_spike": "stop"}, file=True)
+    lines = read_findings(path)
+    assert [(e["check"], e["step"], e["action"]) for e in lines[:-1]] == [
+        ("zero_grad_skips", 3, "warn"), ("kl_spike", 9, "stop")]
+    assert lines[-1]["kind"] == "close" and lines[-1]["findings"] == [f.to_dict() for f in run_checks(read_journal(path))]
+    decision = json.loads(stop_path(path).read_text())
+    assert decision["check"] == "kl_spike" and decision["step"] == 9 and check_of(decision["code"]) == "kl_spike"
+    assert health.stopped == decision
+    assert findings_path(path).name == "journal.jsonl.findings.jsonl"
+
+
+def test_a_check_set_off_is_not_published_and_not_live(tmp_path):
+    frames = th.edit(th.healthy(), {9: {"train/kl_mean": 1e-3, "train/kl_max": 5.0, "train/grad_norm": 40.0}})
+    path = th.write_journal(tmp_path / "journal.jsonl", frames)
+    health = live(path, {"kl_spike": "off"})
+    assert [e["check"] for e in health.events] == ["zero_grad_skips"]
+    assert not stop_path(path).exists()
+
+
+def test_the_healthy_run_fires_nothing_at_warning_or_above(tmp_path):
+    path = th.write_journal(tmp_path / "journal.jsonl", grpo_run(steps=40, seed=3))
+    assert {e["severity"] for e in live(path).events} <= {"info"}
+
+
+def test_the_actions_config_is_checked():
+    actions = parse_health({"kl_spike": "stop", "default": "off"})
+    assert actions["kl_spike"] == "stop" and actions["update_skipped"] == "off" and len(actions) == len(CHECKS)
+    with pytest.raises(MetricsError, match="unknown check"):
+        parse_health({"kl_spikes": "stop"})
+    with pytest.raises(MetricsError, match="not an action"):
+        parse_health({"kl_spike": "halt"})
+    assert [check_of(stop_code(c.id)) for c in CHECKS] == [c.id for c in CHECKS] and check_of(0) == ""
+
+
+# -- the stop bit ----------------------------------------------------------------------------------------
+
+
+def test_the_stop_request_rides_in_the_window_and_sticks():
+    reducer = MetricReducer(["grpo"])
+    reducer.add({"grpo_kl_max": 0.5})
+    assert reducer.reduce(1).metrics == {"train/kl_max": 0.5} and reducer.stop == 0
+    reducer.stop_request = stop_code("kl_spike")
+    reducer.add({"grpo_kl_max": 0.7})
+    frame = reducer.reduce(2)
+    assert frame.metrics == {"train/kl_max": 0.7}  # the bit is not a metric
+    assert check_of(reducer.stop) == "kl_spike"
+
+
+def test_the_callback_says_should_stop_once_the_publisher_decided(tmp_path):
+    from posttrain_metrics.callbacks import MetricsCallback
+
+    cb = MetricsCallback(adapters=["grpo"], sinks=[{"type": "journal"}], out_dir=tmp_path, publisher="inline",
+                         health={"kl_spike": "stop"})
+    journal = cb.publisher.journal_path
+    assert journal is not None
+    cb.on_run_start({})
+    stopped_at = None
+    for step in range(1, 400):
+        cb.on_chunk_end({"grpo_kl_max": 0.5})
+        cb.on_window_end(step)
+        if step == 3:  # what the publisher writes when kl_spike fires
+            stop_path(journal).write_text(json.dumps({"check": "kl_spike", "code": stop_code("kl_spike"),
+                                                      "step": 3, "explanation": "a spike"}))
+        if cb.should_stop:
+            stopped_at = step
+            break
+        import time
+
+        time.sleep(0.01)
+    assert stopped_at is not None and stopped_at > 3 and cb.stopped_by == "kl_spike"
+    cb.on_run_end()
+    end = read_journal(journal).end
+    assert end is not None and end["status"] == "finished" and "kl_spike" in end["reason"]
+    assert [f.step for f in read_journal(journal).frames] == list(range(1, stopped_at + 1))
