@@ -462,7 +462,7 @@ def _health_step(health: Any, replicas: Sequence[Replica]) -> Any:
     if health is None:
         return None
     try:
-        health.step(replicas)
+        health.pump(replicas)
         return health
     except Exception as exc:
         warn(f"live health stopped: {type(exc).__name__}: {str(exc)[:300]}; the run's record at close still "
@@ -545,6 +545,8 @@ def follow(
     journal = Path(path)
     replicas = [Replica(journal, sink, batch=batch, adapters=adapters, retry=retry()) for sink in sinks]
     health = _open_health(journal, live=follow) if report else None  # the reporting follower's (one per run)
+    if health is not None and follow:
+        health.run()  # on a thread of its own: a tracker slow to start never delays a finding
     where = status_path(journal)
     started = time.time()
     last_report = 0.0

@@ -36,6 +36,7 @@ window's collective) or ``off`` (not published live; the record at close still h
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
@@ -157,7 +158,7 @@ class LiveHealth:
     :func:`stop_path`. Not live (``export``'s replay, a test): nothing is written but the events."""
 
     def __init__(self, journal: Path, actions: Mapping[str, str], *, live: bool = True, batch: int = 512,
-                 clock: Callable[[], float] = time.process_time) -> None:
+                 clock: Callable[[], float] = time.thread_time) -> None:
         from ..journal import JournalTail
 
         self.journal = journal
@@ -173,9 +174,12 @@ class LiveHealth:
         self.first_step: int | None = None
         self.last_step: int | None = None
         self.frames = 0
-        self.seconds = 0.0  # CPU seconds spent in the checks (``clock``)
+        self.seconds = 0.0  # CPU seconds of the reading thread spent in the checks (``clock``)
         self.clock = clock
         self.closed = False
+        self.outbox: collections.deque[dict[str, Any]] = collections.deque()  # for the trackers (see run)
+        self._thread: threading.Thread | None = None
+        self._halt = threading.Event()
         self._file = None
         if live:
             self._file = open(findings_path(journal), "w", encoding="utf-8")  # noqa: SIM115 - held for the run
@@ -196,8 +200,41 @@ class LiveHealth:
 
     # -- frames ----------------------------------------------------------------------------------------
 
-    def step(self, replicas: Sequence[Any] = ()) -> int:
-        """Read what the journal gained (at most ``batch`` lines), check each frame, publish what fired."""
+    def run(self, poll: float = 0.2) -> LiveHealth:
+        """Read the journal on a thread of its own, every ``poll`` seconds, so that a tracker that is slow
+        to start or to take a batch never delays a finding: the console line, the findings file and a stop
+        decision are made on this thread; the trackers' part waits in :attr:`outbox` for the follower's
+        loop (:meth:`deliver`), which owns the sinks."""
+
+        def loop() -> None:
+            try:
+                while not self._halt.is_set():
+                    if not self.step() and self._halt.wait(poll):
+                        return
+            except Exception as exc:  # a bug here never stops publication; the close reads again
+                warn(f"live health stopped reading the journal: {type(exc).__name__}: {str(exc)[:300]}",
+                     stacklevel=1)
+
+        self._thread = threading.Thread(target=loop, name="posttrain-metrics-health", daemon=True)
+        self._thread.start()
+        return self
+
+    def pump(self, replicas: Sequence[Any]) -> None:
+        """The follower's round: deliver what the thread found (see :meth:`run`), or, with no thread,
+        read and check the journal here."""
+        if self._thread is not None:
+            self.deliver(replicas)
+        else:
+            self.step(replicas)
+
+    def deliver(self, replicas: Sequence[Any]) -> None:
+        """The findings the thread published since the last call, to the trackers (the follower's loop)."""
+        while self.outbox:
+            deliver(self.outbox.popleft(), replicas)
+
+    def step(self, replicas: Sequence[Any] | None = None) -> int:
+        """Read what the journal gained (at most ``batch`` lines), check each frame, publish what fired
+        (to ``replicas`` now, or, without them, into :attr:`outbox`)."""
         if self.closed:
             return 0
         records = self.tail.read(self.batch)
@@ -224,7 +261,7 @@ class LiveHealth:
                     watch.longest = 0.0  # the budget comes from the config (checked above)
         self.pending = list(zip(self.doctor.checks, self.doctor.watches))
 
-    def see(self, frame: Frame, replicas: Sequence[Any] = ()) -> None:
+    def see(self, frame: Frame, replicas: Sequence[Any] | None = None) -> None:
         """One frame to every live check; a check that fires is published now, once."""
         assert self.doctor is not None
         start = self.clock()
@@ -252,7 +289,7 @@ class LiveHealth:
         for _, finding in fired:
             self._publish(finding, frame.step, "live", replicas)
 
-    def _publish(self, finding: Finding, step: int, when: str, replicas: Sequence[Any]) -> None:
+    def _publish(self, finding: Finding, step: int, when: str, replicas: Sequence[Any] | None) -> None:
         action = self.actions.get(finding.check, "warn")
         if action == "off":
             return
@@ -268,7 +305,10 @@ class LiveHealth:
              stacklevel=2)
         if stopping:
             self._stop(event)
-        deliver(event, replicas)
+        if replicas is None:
+            self.outbox.append(event)
+        else:
+            deliver(event, replicas)
 
     def _stop(self, event: Mapping[str, Any]) -> None:
         path = stop_path(self.journal)
@@ -293,6 +333,10 @@ class LiveHealth:
         fired gets its 0 (``value``), and the findings file its ``close`` line. Returns the verdict."""
         if self.closed:
             return []
+        if self._thread is not None:
+            self._halt.set()
+            self._thread.join()
+        self.deliver(replicas)
         while self.step(replicas):
             pass
         self.closed = True
