@@ -51,20 +51,21 @@ def check_agreement(path: Path, offline: list[Finding]) -> None:
     offline doctor's findings and the journal's own frame steps)."""
     health = live(path)
     steps = [f.step for f in read_journal(path).frames if f.phase == "train"]
-    by_check = {f.check: f for f in offline}
+    by_check = {(f.check, f.severity.value, *f.keys): f for f in offline}
     events = [e for e in health.events if e["kind"] == "finding"]
-    assert len({e["check"] for e in events}) == len(events)  # each check published once
+    published = [(e["check"], e["severity"], *e["keys"]) for e in events]
+    assert len(set(published)) == len(published)  # each finding published once
     # every offline finding is published: live, or at the close
-    assert {f.check for f in offline} <= {e["check"] for e in events}
+    assert set(by_check) <= set(published)
     for e in events:
+        key = (e["check"], e["severity"], *e["keys"])
         if e["when"] == "close":
-            assert e["check"] in by_check and e == {**e, **by_check[e["check"]].to_dict()}
+            assert key in by_check and e == {**e, **by_check[key].to_dict()}
             continue
         assert e["check"] not in CLOSE_ONLY
         if e["check"] in LIVE_TRENDS:
             continue  # a fixed baseline live (documented): checked below on the tests' journals
-        whole = by_check[e["check"]]
-        assert e["severity"] == whole.severity.value
+        whole = by_check[key]
         assert set(e["steps"]) <= set(whole.steps)
         if whole.steps:  # fired within one frame of the first step the offline doctor names
             first = min(whole.steps)
@@ -74,7 +75,7 @@ def check_agreement(path: Path, offline: list[Finding]) -> None:
         return
     for e in events:  # on the doctor's journals the live trend checks agree with the offline ones
         if e["check"] in LIVE_TRENDS:
-            assert e["check"] in by_check
+            assert (e["check"], e["severity"], *e["keys"]) in by_check
 
 
 def _journal_tests() -> list[str]:

@@ -21,7 +21,9 @@ from .thresholds import (
     GRAD_NORM,
     GROUPS,
     INFORMATIVE,
+    INFORMATIVE_COLD_STEPS,
     INFORMATIVE_FRACTION_MIN,
+    INFORMATIVE_WARM_FRACTION,
     KL_MAX,
     KL_MAX_MIN,
     KL_MEAN,
@@ -95,9 +97,14 @@ class _ClipAtSingleMinibatch(_Watch):
 class _InformativeGroups(_Watch):
     # A frame's counts are read together: the informative groups of a step against the groups that
     # step scored, and the tied groups of the steps found low.
+    # Low steps of a cold start (before the run warmed up, within its first steps) and of solved
+    # prompts (most ties all 1) are info; the others are the warning (see INFORMATIVE_WARM_FRACTION).
     def __init__(self, run: _Run) -> None:
         self.scored = 0  # frames carrying the informative count
         self.low = array.array("q")
+        self.cold = array.array("q")
+        self.solved = array.array("q")
+        self.warm = False  # some step had INFORMATIVE_WARM_FRACTION of its groups informative
         self.tied_zero = self.tied_one = 0.0
         self.zero_grad: float | None = None  # the last zero_grad_skips_total
 
@@ -114,11 +121,39 @@ class _InformativeGroups(_Watch):
         if (total is not None and total > 0 and value <= INFORMATIVE_FRACTION_MIN * total) or (
             total is None and value == 0
         ):
-            self.low.append(frame.step)
-            self.tied_zero += _number(metrics.get(ALL_ZERO)) or 0.0
-            self.tied_one += _number(metrics.get(ALL_ONE)) or 0.0
+            zero, one = _number(metrics.get(ALL_ZERO)) or 0.0, _number(metrics.get(ALL_ONE)) or 0.0
+            if one > zero:
+                self.solved.append(frame.step)
+            elif not self.warm and self.scored <= INFORMATIVE_COLD_STEPS:
+                self.cold.append(frame.step)
+            else:
+                self.low.append(frame.step)
+                self.tied_zero += zero
+                self.tied_one += one
+        elif total is not None and total > 0 and value >= INFORMATIVE_WARM_FRACTION * total:
+            self.warm = True
 
     def hits(self) -> Iterator[_Hit]:
+        if self.cold:
+            yield _Hit(
+                self.cold,
+                f"informative groups at or below {INFORMATIVE_FRACTION_MIN:.0%} of the groups scored at "
+                f"{len(self.cold)} step(s) of the run's start, before any step had {INFORMATIVE_WARM_FRACTION:.0%} "
+                "of its groups informative: a cold start (the policy solves almost none of the prompts yet)",
+                "nothing while it passes; if it lasts, the prompts are too hard or the verifier fails",
+                (INFORMATIVE, GROUPS, ALL_ZERO),
+                Severity.INFO,
+            )
+        if self.solved:
+            yield _Hit(
+                self.solved,
+                f"informative groups at or below {INFORMATIVE_FRACTION_MIN:.0%} of the groups scored at "
+                f"{len(self.solved)} step(s) where most tied groups scored all 1: the policy solves these "
+                "prompts, so they carry no more signal",
+                "add harder prompts (a curriculum) or filter solved ones (dynamic sampling)",
+                (INFORMATIVE, GROUPS, ALL_ONE),
+                Severity.INFO,
+            )
         if not self.low:
             return
         why = ""

@@ -9,8 +9,10 @@ check fires, publishes the finding at once (within the frame that triggered it):
   MLflow ``health/<check>`` tag and 0/1 metric, a TensorBoard text entry and ``health/<check>`` scalar;
 - one line in the findings file beside the journal (:func:`findings_path`), which ``export`` replays.
 
-Each check is published live once, at the frame it first fires (``step``), and is not looked at again
-live: the cost per frame is the watches of the checks that have not fired yet. At the run's end the
+Each finding is published live once (a check's finding of one severity and keys), at the frame it first fires with it (``step``); its
+steps are not materialised again after that, so the cost per frame is the watches' own (the offline
+doctor's) plus a few strings of the checks that fired. ``stop`` acts on warning and error findings only
+(an info finding is context: a cold start, a check that could not run). At the run's end the
 offline doctor reads the journal (what the run's record shows) and the findings file gets its verdict
 (a ``close`` line); a finding the live pass could not make (see :data:`CLOSE_ONLY`) is published then.
 
@@ -49,7 +51,7 @@ from typing import Any
 from ..core.errors import MetricsError
 from ..core.frame import Frame
 from ..core.warn import warn
-from ..doctor import CHECKS, Doctor, Finding, run_checks, step_ranges
+from ..doctor import CHECKS, Doctor, Finding, Severity, run_checks, step_ranges
 from ..doctor.thresholds import BUDGET_CONFIG_NAMES
 
 __all__ = ["ACTIONS", "CLOSE_ONLY", "LIVE_BASELINE", "LIVE_TRENDS", "LiveHealth", "StopWatch", "check_of",
@@ -138,6 +140,12 @@ def write_health_config(journal: Path, actions: Mapping[str, str]) -> None:
 # -- the publisher's side --------------------------------------------------------------------------------
 
 
+def _identity(finding: Finding) -> tuple[str, str, tuple[str, ...]]:
+    """What tells a check's findings apart, whatever their steps: its id, severity and keys (the
+    informative-groups check says a cold start and solved prompts in two info findings)."""
+    return finding.check, finding.severity.value, tuple(finding.keys)
+
+
 def _event(finding: Finding, *, step: int, action: str, when: str) -> dict[str, Any]:
     return {"kind": "finding", "when": when, "step": step, "action": action, **finding.to_dict()}
 
@@ -167,9 +175,9 @@ class LiveHealth:
         self.batch = batch
         self.tail = JournalTail(journal)
         self.doctor: Doctor | None = None
-        self.pending: list[tuple[Any, Any]] = []  # (check, watch) of the live checks that have not fired
-        self.events: list[dict[str, Any]] = []  # what was published (at most one per check, plus the close)
-        self.fired: dict[str, int] = {}  # check -> the step it fired at, live or at the close
+        self.pending: list[tuple[Any, Any]] = []  # (check, watch) of the live checks
+        self.events: list[dict[str, Any]] = []  # what was published (at most one per check and severity)
+        self.fired: dict[tuple[str, str, tuple[str, ...]], int] = {}  # identity (see _identity) -> step
         self.stopped: dict[str, Any] | None = None
         self.first_step: int | None = None
         self.last_step: int | None = None
@@ -275,18 +283,15 @@ class LiveHealth:
                 self.first_step = frame.step
             self.last_step = frame.step
         fired = []
-        for i, (check, watch) in enumerate(self.pending):
+        for check, watch in self.pending:
             for hit in watch.hits():
+                severity = hit.severity or check.severity
+                if (check.id, severity.value, tuple(hit.keys)) in self.fired:
+                    continue  # published already: its steps are not materialised again
                 steps = tuple(sorted(set(hit.steps)))
-                fired.append((i, Finding(check.id, hit.severity or check.severity, steps, hit.explanation,
-                                         hit.next_step, hit.keys)))
-                break
+                fired.append(Finding(check.id, severity, steps, hit.explanation, hit.next_step, hit.keys))
         self.seconds += self.clock() - start
-        if not fired:
-            return
-        for i in sorted({i for i, _ in fired}, reverse=True):
-            del self.pending[i]  # a fired check is not watched live again: its memory and CPU are gone
-        for _, finding in fired:
+        for finding in fired:
             self._publish(finding, frame.step, "live", replicas)
 
     def _publish(self, finding: Finding, step: int, when: str, replicas: Sequence[Any] | None) -> None:
@@ -295,9 +300,10 @@ class LiveHealth:
             return
         event = _event(finding, step=step, action=action, when=when)
         self.events.append(event)
-        self.fired[finding.check] = step
+        self.fired[_identity(finding)] = step
         self._write(event)
-        stopping = action == "stop" and self.live and self.stopped is None and when == "live"
+        stopping = (action == "stop" and self.live and self.stopped is None and when == "live"
+                    and finding.severity is not Severity.INFO)  # context never stops a run
         warn(f"health: {finding.check} ({finding.severity.value}) at step {step}"
              + (f" (steps {step_ranges(finding.steps, limit=4)})" if finding.steps else "")
              + f": {finding.explanation}; next: {finding.next_step}"
@@ -350,11 +356,12 @@ class LiveHealth:
                  f"{exc!s:.200}); the findings file has the live findings only", stacklevel=2)
         last = self.last_step if self.last_step is not None else 0
         for finding in findings:
-            if finding.check not in self.fired:
+            if finding.check in CLOSE_ONLY or _identity(finding) not in self.fired:
                 self._publish(finding, last, "close", replicas)
         if self.first_step is not None:
+            fired = {check for check, _, _ in self.fired}
             for check in _IDS:
-                if check not in self.fired and self.actions.get(check) != "off":
+                if check not in fired and self.actions.get(check) != "off":
                     deliver({"kind": "clear", "check": check, "step": self.first_step}, replicas)
         self._write({"kind": "close", "findings": [f.to_dict() for f in findings],
                      "frames": self.frames, "check_cpu_s": self.seconds})
