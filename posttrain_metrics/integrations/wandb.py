@@ -406,10 +406,8 @@ class WandbSink:
         run = self._run
         if run is None or event.get("kind") != "finding":
             return
-        import wandb
-
         check, severity = str(event["check"]), str(event["severity"])
-        level = {"error": wandb.AlertLevel.ERROR, "warning": wandb.AlertLevel.WARN}.get(severity, wandb.AlertLevel.INFO)
+        level = {"error": "ERROR", "warning": "WARN"}.get(severity, "INFO")  # wandb.AlertLevel's values
         text = f"{event['explanation']}\n\nNext: {event['next_step']}" + (
             "\n\nAction: stop (the run stops at the next step every rank reduces)" if event.get("action") == "stop" else "")
         run.alert(title=f"{check} ({severity}) at step {event['step']}", text=text[:4000], level=level,
