@@ -204,3 +204,28 @@ def test_the_callback_says_should_stop_once_the_publisher_decided(tmp_path):
     end = read_journal(journal).end
     assert end is not None and end["status"] == "finished" and "kl_spike" in end["reason"]
     assert [f.step for f in read_journal(journal).frames] == list(range(1, stopped_at + 1))
+
+
+def test_thresholds_overridden_per_check_judge_live_and_at_the_close(tmp_path):
+    from posttrain_metrics.publication.health import parse_thresholds, write_health_config
+
+    # kl_max 0.6 at 600x kl_mean with a grad jump: below the defaults (1 nat, 1000x), above these
+    frames = th.edit(th.healthy(), {9: {"train/kl_mean": 1e-3, "train/kl_max": 0.6, "train/grad_norm": 40.0}})
+    path = th.write_journal(tmp_path / "journal.jsonl", frames)
+    assert not th.fired(run_checks(read_journal(path)), "kl_spike")
+    config = {"kl_spike": {"action": "stop", "kl_ratio_min": 500, "kl_max_min": 0.5}, "default": "warn"}
+    thresholds = parse_thresholds(config)
+    assert thresholds == {"KL_RATIO_MIN": 500.0, "KL_MAX_MIN": 0.5} and parse_health(config)["kl_spike"] == "stop"
+    write_health_config(path, parse_health(config), thresholds)
+    health = LiveHealth.open(path, live=False)
+    assert health is not None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        while health.step():
+            pass
+        verdict = health.close()
+    assert [(e["check"], e["step"], e["when"]) for e in health.events if e["check"] == "kl_spike"] == [
+        ("kl_spike", 9, "live")]
+    assert th.only(verdict, "kl_spike").steps == (9,)
+    with pytest.raises(MetricsError, match="not one of its thresholds"):
+        parse_thresholds({"kl_spike": {"truncation_rise": 0.2}})

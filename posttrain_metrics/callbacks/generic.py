@@ -48,6 +48,7 @@ from ..publication.health import (
     check_of,
     config_path,
     parse_health,
+    parse_thresholds,
     stop_path,
     write_health_config,
 )
@@ -104,6 +105,7 @@ class MetricsCallback:
     ) -> None:
         adapters, sinks = plain(adapters), plain(sinks)
         self._health = parse_health(plain(health)) if health is not None else None  # refused here, not at start
+        self._thresholds = parse_thresholds(plain(health)) if health is not None else {}
         self._stop_watch: StopWatch | None = None
         self.stop_decision: dict[str, Any] | None = None  # rank 0: the publisher's decision (stop_path)
         check_callback(adapters=adapters, sinks=sinks, out_dir=out_dir, run_name=run_name)
@@ -229,7 +231,7 @@ class MetricsCallback:
                 if stale.exists():
                     stale.unlink()
             return
-        write_health_config(journal, self._health)
+        write_health_config(journal, self._health, self._thresholds)
         if "stop" in self._health.values() and self._stop_watch is None and "train" in self._reducers:
             reducer = self._reducers["train"]
 

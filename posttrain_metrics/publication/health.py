@@ -51,12 +51,12 @@ from typing import Any
 from ..core.errors import MetricsError
 from ..core.frame import Frame
 from ..core.warn import warn
-from ..doctor import CHECKS, Doctor, Finding, Severity, run_checks, step_ranges
+from ..doctor import CHECKS, TUNABLE, Doctor, Finding, Severity, run_checks, step_ranges
 from ..doctor.thresholds import BUDGET_CONFIG_NAMES
 
 __all__ = ["ACTIONS", "CLOSE_ONLY", "LIVE_BASELINE", "LIVE_TRENDS", "LiveHealth", "StopWatch", "check_of",
-           "config_path", "findings_path", "parse_health", "read_findings", "replay_findings", "stop_code",
-           "stop_path", "write_health_config"]
+           "config_path", "findings_path", "parse_health", "parse_thresholds", "read_findings", "read_thresholds",
+           "replay_findings", "stop_code", "stop_path", "write_health_config"]
 
 ACTIONS = ("warn", "stop", "off")
 """What a finding does live: publish it, publish it and stop the run, or nothing (the record has it)."""
@@ -112,7 +112,9 @@ def parse_health(config: Mapping[str, Any] | None) -> dict[str, str]:
     ...
     KeyError: 'reward_collapse'
     """
-    config = dict(config or {})
+    config = {name: value.get("action", "warn") if isinstance(value, Mapping) else value
+              for name, value in dict(config or {}).items()}
+    parse_thresholds(config)  # the names, checked
     default = config.pop("default", "warn")
     actions: dict[str, str] = {}
     for name, action in [("default", default), *config.items()]:
@@ -127,11 +129,47 @@ def parse_health(config: Mapping[str, Any] | None) -> dict[str, str]:
     return actions
 
 
-def write_health_config(journal: Path, actions: Mapping[str, str]) -> None:
-    """Write the actions beside the journal for the publisher, and clear a stop left by an earlier run."""
+def parse_thresholds(config: Mapping[str, Any] | None) -> dict[str, float]:
+    """The thresholds a ``health:`` config overrides: a check given as a mapping takes its ``action`` and
+    any of its thresholds (``TUNABLE``), by their lower-case names.
+
+    >>> parse_thresholds({"kl_spike": {"action": "stop", "kl_ratio_min": 500}, "default": "warn"})
+    {'KL_RATIO_MIN': 500.0}
+    """
+    out: dict[str, float] = {}
+    for check, value in dict(config or {}).items():
+        if not isinstance(value, Mapping):
+            continue
+        allowed = TUNABLE.get(check, ())
+        for name, number in value.items():
+            if name == "action":
+                continue
+            if name.upper() not in allowed:
+                raise MetricsError(f"health: {check}: {name!r:.40} is not one of its thresholds; fix: use one of "
+                                   f"{[a.lower() for a in allowed]} (docs/health.md)")
+            if isinstance(number, bool) or not isinstance(number, (int, float)) or number != number:
+                raise MetricsError(f"health: {check}: {name} = {number!r:.40}; fix: a number")
+            out[name.upper()] = float(number)
+    return out
+
+
+def read_thresholds(journal: Path) -> dict[str, float]:
+    """The thresholds the run's health config overrides (empty without one): the run's record and the
+    live doctor judge with the same."""
+    try:
+        raw = json.loads(config_path(journal).read_text())
+        return {str(k): float(v) for k, v in dict(raw.get("thresholds", {})).items()}
+    except (OSError, ValueError, AttributeError, TypeError):
+        return {}
+
+
+def write_health_config(journal: Path, actions: Mapping[str, str],
+                        thresholds: Mapping[str, float] | None = None) -> None:
+    """Write the actions (and the thresholds overridden) beside the journal for the publisher, and clear
+    a stop left by an earlier run."""
     path = config_path(journal)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"actions": dict(actions)}))
+    tmp.write_text(json.dumps({"actions": dict(actions), "thresholds": dict(thresholds or {})}))
     os.replace(tmp, path)
     with contextlib.suppress(FileNotFoundError):
         stop_path(journal).unlink()
@@ -166,11 +204,12 @@ class LiveHealth:
     :func:`stop_path`. Not live (``export``'s replay, a test): nothing is written but the events."""
 
     def __init__(self, journal: Path, actions: Mapping[str, str], *, live: bool = True, batch: int = 512,
-                 clock: Callable[[], float] = time.thread_time) -> None:
+                 thresholds: Mapping[str, float] | None = None, clock: Callable[[], float] = time.thread_time) -> None:
         from ..journal import JournalTail
 
         self.journal = journal
         self.actions = dict(actions)
+        self.thresholds = dict(thresholds or {})
         self.live = live
         self.batch = batch
         self.tail = JournalTail(journal)
@@ -199,12 +238,13 @@ class LiveHealth:
         try:
             raw = json.loads(config_path(journal).read_text())
             actions = parse_health(raw.get("actions", {}))
+            thresholds = read_thresholds(journal)
         except FileNotFoundError:
             return None
         except (ValueError, AttributeError, MetricsError) as exc:
             warn(f"{config_path(journal)}: not a health config ({exc!s:.200}); live health is off", stacklevel=2)
             return None
-        return cls(journal, actions, live=live)
+        return cls(journal, actions, live=live, thresholds=thresholds)
 
     # -- frames ----------------------------------------------------------------------------------------
 
@@ -261,7 +301,7 @@ class LiveHealth:
 
             if config_int(run.config, BUDGET_CONFIG_NAMES, prefer="rollout")[0] is None:
                 checks = [c for c in checks if c.id != "length_budget"]  # the budget is the run's longest: at close
-        self.doctor = Doctor(run, checks)
+        self.doctor = Doctor(run, checks, self.thresholds)
         for check, watch in zip(self.doctor.checks, self.doctor.watches):
             if check.id in LIVE_TRENDS:
                 watch.n = 4 * LIVE_BASELINE  # type: ignore[attr-defined]  # quarter == LIVE_BASELINE
@@ -350,7 +390,7 @@ class LiveHealth:
         try:
             from ..journal import open_journal
 
-            findings = run_checks(open_journal(self.journal))
+            findings = run_checks(open_journal(self.journal), self.thresholds)
         except Exception as exc:  # never in the way of closing the trackers
             warn(f"{self.journal}: the doctor could not read the run at its close ({type(exc).__name__}: "
                  f"{exc!s:.200}); the findings file has the live findings only", stacklevel=2)
