@@ -178,6 +178,7 @@ def test_the_stop_request_rides_in_the_window_and_sticks():
     assert check_of(reducer.stop) == "kl_spike"
 
 
+@pytest.mark.filterwarnings("ignore:MetricsCallback. health is set")
 def test_the_callback_says_should_stop_once_the_publisher_decided(tmp_path):
     from posttrain_metrics.callbacks import MetricsCallback
 
@@ -229,3 +230,47 @@ def test_thresholds_overridden_per_check_judge_live_and_at_the_close(tmp_path):
     assert th.only(verdict, "kl_spike").steps == (9,)
     with pytest.raises(MetricsError, match="not one of its thresholds"):
         parse_thresholds({"kl_spike": {"truncation_rise": 0.2}})
+
+
+@pytest.mark.filterwarnings("ignore:MetricsCallback. health is set")
+def test_the_hugging_face_callback_stops_the_trainer_at_the_step_the_stop_rode_in():
+    transformers = pytest.importorskip("transformers")
+    from test_callbacks_transformers import grpo_args
+
+    from posttrain_metrics.callbacks.transformers import PosttrainMetricsCallback
+    from posttrain_metrics.integrations.memory import MemorySink
+
+    sink = MemorySink()
+    cb = PosttrainMetricsCallback(sinks=[sink], health={"kl_spike": "stop"})
+    args, state, control = grpo_args(), transformers.TrainerState(), transformers.TrainerControl()
+    cb.on_train_begin(args, state, control)
+    for step in (1, 2):
+        state.global_step = step
+        cb.on_step_begin(args, state, control)
+        cb.on_chunk_end({"grpo_kl_max": float(step)})
+        if step == 2:
+            cb._reducers["train"].stop_request = stop_code("kl_spike")  # what the watcher sets on rank 0
+        control.should_log = False
+        cb.on_step_end(args, state, control)
+        assert control.should_training_stop is (step == 2)
+    cb.on_train_end(args, state, control)
+    assert [f.step for f in sink.frames] == [1, 2] and cb.stopped_by == "kl_spike"
+
+
+@pytest.mark.filterwarnings("ignore:MetricsCallback. health is set")
+def test_the_lightning_callback_sets_should_stop_at_the_step_the_stop_rode_in():
+    pytest.importorskip("lightning")
+    from types import SimpleNamespace
+
+    from posttrain_metrics.callbacks.lightning import OUTPUT_KEY, LightningMetricsCallback
+
+    cb = LightningMetricsCallback(adapters=["grpo"], sinks=[{"type": "memory"}], health={"kl_spike": "stop"})
+    trainer = SimpleNamespace(global_step=0, should_stop=False)
+    cb._seen_step = 0
+    for step in (1, 2):
+        trainer.global_step = step  # the optimizer stepped in this batch
+        if step == 2:
+            cb.metrics._reducers["train"].stop_request = stop_code("kl_spike")
+        cb.on_train_batch_end(trainer, None, {OUTPUT_KEY: {"grpo_kl_max": 0.5}}, None, 0)  # type: ignore[arg-type]
+        assert trainer.should_stop is (step == 2)
+    cb.metrics.on_run_end()

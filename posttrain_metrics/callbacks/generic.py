@@ -240,6 +240,11 @@ class MetricsCallback:
                 reducer.stop_request = int(decision["code"])  # the flag the next reduce reads
 
             self._stop_watch = StopWatch(journal, on_stop).start()
+        if not (self.publisher.in_child or self.publisher.in_process):
+            warn("MetricsCallback: health is set but no publisher reads the journal (every sink is written "
+                 "inline: journal and console only, or publisher='inline'), so nothing checks the run live; "
+                 "the run's record at close still has the doctor's findings; fix: add a tracker sink "
+                 "(tensorboard, mlflow, wandb) with publisher 'process' or 'thread'", stacklevel=user_stacklevel())
 
     @property
     def should_stop(self) -> bool:
