@@ -147,3 +147,4 @@ def test_every_gloo_rank_stops_after_the_same_step(world, tmp_path, monkeypatch)
     assert [s for s, _ in tb["train/kl_max"]] == list(range(1, last + 1)) and tb["health/kl_spike"] == [(SPIKE, 1.0)]
     status = json.loads(status_path(out / "journal.jsonl").read_text())
     assert status["state"] == "closed" and status["status"] == "finished"
+    assert status["health"]["stopped"]["check"] == "kl_spike" and status["health"]["stopped"]["step"] == SPIKE

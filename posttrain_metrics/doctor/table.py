@@ -65,7 +65,8 @@ CHECKS: tuple[Check, ...] = (
     Check("ppo_counter_mismatch", Severity.ERROR, (POLICY_STEP, CRITIC_STEP),
           "policy and critic counters advance differently between adjacent frames", _PpoCounters),
     Check("informative_groups_low", Severity.WARNING, (INFORMATIVE, GROUPS, ZERO_GRAD),
-          f"informative <= {INFORMATIVE_FRACTION_MIN:.0%} of group_count (or 0)", _InformativeGroups),
+          f"informative <= {INFORMATIVE_FRACTION_MIN:.0%} of group_count (or 0); info at a cold start or on "
+          "solved prompts", _InformativeGroups),
     Check("kl_spike", Severity.WARNING, (KL_MAX, KL_MEAN, GRAD_NORM),
           f"kl_max >= {KL_RATIO_MIN:g} x kl_mean and >= {KL_MAX_MIN:g} nat, with grad_norm >= "
           f"{GRAD_JUMP_FACTOR:g} x median of the previous {GRAD_BASELINE_WINDOW}", _KlSpike),

@@ -657,6 +657,8 @@ def follow(
     state = "closed"
     final = snapshot("closed")
     final["status"] = status
+    if health is not None:
+        final["health"] = health.summary()  # the findings published and the stop decision, if any
     if report:
         write_status(where, final)
     if status == "killed":

@@ -411,6 +411,15 @@ class LiveHealth:
         return findings
 
 
+    def summary(self) -> dict[str, Any]:
+        """For the publisher's status file: the findings published (check, severity, step, when) and the
+        stop decision (None when the run was not stopped), and the checks' CPU per frame."""
+        return {"findings": [{k: e[k] for k in ("check", "severity", "step", "when", "action")}
+                             for e in self.events],
+                "stopped": self.stopped, "frames": self.frames,
+                "check_cpu_us_per_frame": round(1e6 * self.seconds / self.frames, 1) if self.frames else None}
+
+
 def deliver(event: Mapping[str, Any], replicas: Sequence[Any]) -> None:
     """An event to every started sink that takes findings (``write_finding``), through its replica's
     publisher (a failing tracker is counted and warned about there, never raised)."""
