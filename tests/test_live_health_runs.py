@@ -140,6 +140,7 @@ def test_every_gloo_rank_stops_after_the_same_step(world, tmp_path, monkeypatch)
     assert len(lasts) == 1 and all(r["should_stop"] and r["by"] == "kl_spike" for r in got.values()), got
     last = lasts.pop()
     assert SPIKE < last < 300
+    print(f"world {world}: kl_spike at step {SPIKE}, every rank stopped after step {last}")
     run = read_journal(out / "journal.jsonl")
     assert [f.step for f in run.frames] == list(range(1, last + 1))
     assert run.end is not None and "stopped by live health: kl_spike" in run.end["reason"]
