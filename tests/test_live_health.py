@@ -274,3 +274,17 @@ def test_the_lightning_callback_sets_should_stop_at_the_step_the_stop_rode_in():
         cb.on_train_batch_end(trainer, None, {OUTPUT_KEY: {"grpo_kl_max": 0.5}}, None, 0)  # type: ignore[arg-type]
         assert trainer.should_stop is (step == 2)
     cb.metrics.on_run_end()
+
+
+def test_export_replays_the_findings_file_into_the_tracker(tmp_path, capsys):
+    from _runs import only_run
+    from test_export import export, tensorboard_series
+
+    frames = th.edit(th.healthy(), {9: {"train/kl_mean": 1e-3, "train/kl_max": 5.0, "train/grad_norm": 40.0}})
+    path = th.write_journal(tmp_path / "journal.jsonl", frames)
+    live(path, {"kl_spike": "stop"}, file=True)  # what the run's publisher left beside the journal
+    target = tmp_path / "tb"
+    assert "exported 12 of 12 frames" in export(path, "tensorboard", str(target), capsys=capsys)
+    series = tensorboard_series(only_run(target))
+    assert series["health/kl_spike"] == [(9, 1.0)] and series["health/zero_grad_skips"] == [(3, 1.0)]
+    assert series["health/update_skipped"] == [(1, 0.0)]  # a check that never fired: 0 at the first step

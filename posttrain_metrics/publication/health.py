@@ -403,7 +403,7 @@ class LiveHealth:
             for check in _IDS:
                 if check not in fired and self.actions.get(check) != "off":
                     deliver({"kind": "clear", "check": check, "step": self.first_step}, replicas)
-        self._write({"kind": "close", "findings": [f.to_dict() for f in findings],
+        self._write({"kind": "close", "findings": [f.to_dict() for f in findings], "first_step": self.first_step,
                      "frames": self.frames, "check_cpu_s": self.seconds})
         if self._file is not None:
             self._file.close()
@@ -453,15 +453,15 @@ def replay_findings(journal: Path, sink: Any) -> int:
     sent = 0
     lines = read_findings(journal)
     fired = {e["check"] for e in lines if e.get("kind") == "finding"}
-    steps = [e["step"] for e in lines if e.get("kind") == "finding"]
     for event in lines:
         if event.get("kind") == "finding":
             sink.write_finding(event)
             sent += 1
-    if steps and any(e.get("kind") == "close" for e in lines):
+    first = next((e.get("first_step") for e in lines if e.get("kind") == "close"), None)
+    if first is not None:  # the run closed: each check that never fired gets its 0, as live
         for check in _IDS:
             if check not in fired:
-                sink.write_finding({"kind": "clear", "check": check, "step": min(steps)})
+                sink.write_finding({"kind": "clear", "check": check, "step": first})
     return sent
 
 
