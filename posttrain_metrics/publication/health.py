@@ -9,10 +9,11 @@ check fires, publishes the finding at once (within the frame that triggered it):
   MLflow ``health/<check>`` tag and 0/1 metric, a TensorBoard text entry and ``health/<check>`` scalar;
 - one line in the findings file beside the journal (:func:`findings_path`), which ``export`` replays.
 
-Each finding is published live once (a check's finding of one severity and keys), at the frame it first fires with it (``step``); its
-steps are not materialised again after that, so the cost per frame is the watches' own (the offline
-doctor's) plus a few strings of the checks that fired. ``stop`` acts on warning and error findings only
-(an info finding is context: a cold start, a check that could not run). At the run's end the
+Each finding is published live once (a check's finding of one severity and keys), at the frame it
+first fires with it (``step``). A watch that fired is asked again only when what it keeps grew (see
+:func:`_signature`), so the cost per frame is the watches' own bookkeeping (the offline doctor's).
+``stop`` acts on warning and error findings only (an info finding is context: a cold start, a check
+that could not run). At the run's end the
 offline doctor reads the journal (what the run's record shows) and the findings file gets its verdict
 (a ``close`` line); a finding the live pass could not make (see :data:`CLOSE_ONLY`) is published then.
 
@@ -38,6 +39,7 @@ window's collective) or ``off`` (not published live; the record at close still h
 
 from __future__ import annotations
 
+import array
 import collections
 import contextlib
 import json
@@ -178,6 +180,13 @@ def write_health_config(journal: Path, actions: Mapping[str, str],
 # -- the publisher's side --------------------------------------------------------------------------------
 
 
+def _signature(watch: object) -> tuple[int, ...]:
+    """The sizes of what a watch keeps (its steps, its examples): a watch that fired is asked for its
+    findings again only when one of them grew, so a check that fires at every step of a long run costs
+    its own bookkeeping per frame, not a rebuilt finding (``hits`` is linear in the steps it names)."""
+    return tuple(len(v) for v in vars(watch).values() if isinstance(v, (array.array, list, dict, set, collections.deque)))
+
+
 def _identity(finding: Finding) -> tuple[str, str, tuple[str, ...]]:
     """What tells a check's findings apart, whatever their steps: its id, severity and keys (the
     informative-groups check says a cold start and solved prompts in two info findings)."""
@@ -217,6 +226,7 @@ class LiveHealth:
         self.pending: list[tuple[Any, Any]] = []  # (check, watch) of the live checks
         self.events: list[dict[str, Any]] = []  # what was published (at most one per check and severity)
         self.fired: dict[tuple[str, str, tuple[str, ...]], int] = {}  # identity (see _identity) -> step
+        self.fired_watches: dict[int, tuple[int, ...]] = {}  # a watch that fired -> its _signature then
         self.stopped: dict[str, Any] | None = None
         self.first_step: int | None = None
         self.last_step: int | None = None
@@ -324,6 +334,10 @@ class LiveHealth:
             self.last_step = frame.step
         fired = []
         for check, watch in self.pending:
+            if self.fired_watches.get(id(watch)) == (sig := _signature(watch)):
+                continue  # fired before and nothing it keeps grew since: its findings are as published
+            if id(watch) in self.fired_watches:
+                self.fired_watches[id(watch)] = sig
             for hit in watch.hits():
                 severity = hit.severity or check.severity
                 if (check.id, severity.value, tuple(hit.keys)) in self.fired:
@@ -333,6 +347,8 @@ class LiveHealth:
         self.seconds += self.clock() - start
         for finding in fired:
             self._publish(finding, frame.step, "live", replicas)
+            watch = next(w for c, w in self.pending if c.id == finding.check)
+            self.fired_watches[id(watch)] = _signature(watch)
 
     def _publish(self, finding: Finding, step: int, when: str, replicas: Sequence[Any] | None) -> None:
         action = self.actions.get(finding.check, "warn")
