@@ -5,7 +5,7 @@
 
 Each benchmark runs in its own process (``bench_reduce.py``, ``bench_publish.py``,
 ``bench_export.py``, ``bench_memory.py``, ``bench_record.py``, ``bench_driver.py``, ``bench_start.py``,
-``bench_samples.py``, ``bench_throughput.py``), in full mode with its defaults except ``bench_reduce.py --iters 100``
+``bench_samples.py``, ``bench_throughput.py``, ``bench_health.py``), in full mode with its defaults except ``bench_reduce.py --iters 100``
 (``--reduce-iters``). Its standard output, a markdown report, goes to the terminal and, in full mode,
 to its page ``benchmarks/results/<name>.md`` (``bench_publish.py`` -> ``publish.md``): a dated row in
 the page's "Runs" table (date, commit, machine and load, the command with its time and status, the
@@ -33,7 +33,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 BENCHMARKS = ("bench_reduce.py", "bench_publish.py", "bench_export.py", "bench_memory.py", "bench_record.py",
-              "bench_driver.py", "bench_start.py", "bench_samples.py", "bench_throughput.py")
+              "bench_driver.py", "bench_start.py", "bench_samples.py", "bench_throughput.py", "bench_health.py")
 
 
 def load() -> str:

@@ -106,9 +106,10 @@ def scan_journal(path: str) -> JournalOnDisk:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     from .doctor import exit_status, format_findings, run_checks
+    from .publication.health import read_thresholds
 
     journal = scan_journal(args.journal)
-    findings = run_checks(journal)
+    findings = run_checks(journal, read_thresholds(Path(journal.path)))  # the run's own, as its record
     print(format_findings(findings, as_json=args.json, journal=journal))
     return exit_status(findings)
 

@@ -239,6 +239,10 @@ def _replay(journal: AnyJournal, to: str, target: str | None, *, quiet: bool, ba
             replica.flush()
             progress.tick(len(chunk))
         replica.feed(Record("gap", gap=gap) for gap in journal.gaps)  # the steps the journal misses, as live
+        if replica.written and replica.publisher is not None and replica.publisher.run is not None:
+            from .publication.health import replay_findings  # the live-health findings file, as live
+
+            replay_findings(Path(journal.path), sink)
         replica.flush()
     finally:
         started = replica.publisher is not None and replica.publisher.run is not None

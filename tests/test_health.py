@@ -174,6 +174,22 @@ def test_informative_groups_near_zero(tmp_path):
     assert "not an optimizer" in finding.next_step
 
 
+def test_a_cold_start_and_solved_prompts_are_info_and_a_run_that_stays_cold_is_a_warning(tmp_path):
+    # 8 groups a step (2 ranks x 4): low is <= 0.8 informative, warm is >= 2 (25%)
+    cold = {1: {"train/grpo_informative_group_count": 0, "train/grpo_all_zero_group_count": 8},
+            2: {"train/grpo_informative_group_count": 0, "train/grpo_all_zero_group_count": 8},
+            11: {"train/grpo_informative_group_count": 0, "train/grpo_all_one_group_count": 8}}
+    findings = fired(doctor(tmp_path, edit(healthy(), cold)), "informative_groups_low")
+    assert [(f.severity, f.steps) for f in findings] == [(Severity.INFO, (1, 2)), (Severity.INFO, (11,))]
+    assert "cold start" in findings[0].explanation and "all 1" in findings[1].explanation
+    never_warm = {s: {"train/grpo_informative_group_count": 0, "train/grpo_all_zero_group_count": 8}
+                  for s in range(1, 26)}
+    frames = edit(grpo_run(steps=25), never_warm)
+    findings = fired(doctor(tmp_path / "b", frames), "informative_groups_low")
+    assert [(f.severity, f.steps) for f in findings] == [(Severity.WARNING, tuple(range(21, 26))),
+                                                         (Severity.INFO, tuple(range(1, 21)))]
+
+
 def test_kl_max_spike_with_a_grad_norm_jump(tmp_path):
     frames = edit(healthy(), {9: {"train/kl_mean": 1e-3, "train/kl_max": 5.0, "train/grad_norm": 40.0}})
     finding = only(doctor(tmp_path, frames), "kl_spike")
@@ -360,7 +376,8 @@ def test_a_real_toy_grpo_run_has_no_error_level_finding(tmp_path):
     train(ToyConfig(steps=24, reward_outage_step=12, val_every=8), callback)
     findings = run_checks(read_journal(tmp_path / "journal.jsonl"))
     assert not [f for f in findings if f.severity is Severity.ERROR], findings
-    assert 12 in only(findings, "informative_groups_low").steps  # the verifier outage
+    warnings = [f for f in findings if f.severity is Severity.WARNING]  # the cold start is info
+    assert 12 in only(warnings, "informative_groups_low").steps  # the verifier outage
     assert not fired(findings, "clip_at_single_minibatch")  # n_minibatches = 2 is in the config
 
 

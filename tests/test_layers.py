@@ -100,6 +100,7 @@ LIMIT = 520
 ONE_JOB = {
     "demo/grpo_toy.py": "the demo's toy GRPO trainer (model, rollouts, loss): one job, read top to bottom",
     "integrations/wandb.py": "the W&B sink (start, frames, summaries and step metrics, tables, close): one job",
+    "integrations/mlflow/sink.py": "the MLflow sink (start, frames, aggregates, samples, findings, close); sending is in sender.py",
     "core/layout.py": "the packed buffer layout of one collective: one job",
     "core/redact.py": "the redaction rules: one job",
     "publication/publisher.py": "TO SPLIT (issue 26 item 1)",

@@ -19,6 +19,7 @@ In a config (Hydra/OmegaConf ``instantiate``, or :func:`build_callback` without 
       my/tokens_per_s: mean
       my/oom_retries: sum
     perf: {params: 7.0e9, timers: [generation, reward]}   # perf/ and timer/ keys (docs/throughput.md)
+    health: {kl_spike: stop, default: warn}   # live health (docs/health.md): an action per doctor check
 """
 
 from __future__ import annotations
@@ -45,6 +46,15 @@ from ..integrations.console import check_total_steps
 from ..integrations.factory import build_sink, check_callback, check_writable, plain, safe_name
 from ..journal.samples import Histogram, Samples, SamplesFile, samples_path
 from ..publication import Publisher
+from ..publication.health import (
+    StopWatch,
+    check_of,
+    config_path,
+    parse_health,
+    parse_thresholds,
+    stop_path,
+    write_health_config,
+)
 from .samples import MAX_CHARS, cut, kept_rows, offer, settle
 
 __all__ = ["MetricsCallback", "build_callback"]
@@ -100,8 +110,13 @@ class MetricsCallback:
         samples_per_step: int = 16,
         sample_max_chars: int = MAX_CHARS,
         perf: bool | Mapping[str, Any] | Throughput = False,
+        health: Mapping[str, Any] | None = None,
     ) -> None:
         adapters, sinks = plain(adapters), plain(sinks)
+        self._health = parse_health(plain(health)) if health is not None else None  # refused here, not at start
+        self._thresholds = parse_thresholds(plain(health)) if health is not None else {}
+        self._stop_watch: StopWatch | None = None
+        self.stop_decision: dict[str, Any] | None = None  # rank 0: the publisher's decision (stop_path)
         check_callback(adapters=adapters, sinks=sinks, out_dir=out_dir, run_name=run_name)
         self.out_dir = Path(out_dir) if out_dir is not None else None
         name = safe_name(redact_text(run_name)) if run_name else None  # redacted before it is mangled
@@ -214,10 +229,53 @@ class MetricsCallback:
         """Start the sinks (rank 0) with the run's config, redacted at every depth: nested as given in
         the journal and W&B, one ``a/b`` param per value in MLflow (a list as one param)."""
         self._fixed = True
+        self._start_health()
         self.publisher.start(plain(config) if config is not None else None)
         self._started = True
         if self._perf is not None:
             self._perf.start()
+
+    def _start_health(self) -> None:
+        """Live health, on global rank 0 (see :mod:`posttrain_metrics.publication.health`): the actions
+        beside the journal for the publisher, and the watch for its stop decision when one is ``stop``."""
+        journal = self.publisher.journal_path
+        if distributed.global_rank() != 0 or journal is None:
+            if self._health is not None and journal is None and distributed.global_rank() == 0:
+                warn("MetricsCallback: health is set but the run has no journal sink, which live health reads; "
+                     "fix: add {type: journal} to sinks", stacklevel=user_stacklevel())
+            return
+        if self._health is None:
+            for stale in (config_path(journal), stop_path(journal)):  # an earlier run's, at this path
+                if stale.exists():
+                    stale.unlink()
+            return
+        write_health_config(journal, self._health, self._thresholds)
+        if "stop" in self._health.values() and self._stop_watch is None and "train" in self._reducers:
+            reducer = self._reducers["train"]
+
+            def on_stop(decision: dict[str, Any]) -> None:
+                self.stop_decision = decision
+                reducer.stop_request = int(decision["code"])  # the flag the next reduce reads
+
+            self._stop_watch = StopWatch(journal, on_stop).start()
+        if not (self.publisher.in_child or self.publisher.in_process):
+            warn("MetricsCallback: health is set but no publisher reads the journal (every sink is written "
+                 "inline: journal and console only, or publisher='inline'), so nothing checks the run live; "
+                 "the run's record at close still has the doctor's findings; fix: add a tracker sink "
+                 "(tensorboard, mlflow, wandb) with publisher 'process' or 'thread'", stacklevel=user_stacklevel())
+
+    @property
+    def should_stop(self) -> bool:
+        """Whether live health stopped the run: true on every rank from the step whose reduce carried
+        the decision on (the same step everywhere); a loop stops after that step."""
+        reducer = self._reducers.get("train")
+        return reducer is not None and reducer.stop > 0
+
+    @property
+    def stopped_by(self) -> str:
+        """The check that stopped the run (``""`` while it runs on), the same on every rank."""
+        reducer = self._reducers.get("train")
+        return check_of(reducer.stop) if reducer is not None else ""
 
     def on_chunk_end(self, metrics: Mapping[str, Any] | RefusedChunk) -> None:
         """One gradient-accumulation chunk's source-name metrics (every rank)."""
@@ -357,7 +415,15 @@ class MetricsCallback:
         Idempotent."""
         if self._samples_file is not None:
             self._samples_file.close()
-        self.publisher.close(failed=failed, error=error)
+        if self._stop_watch is not None:
+            self._stop_watch.close()
+        reason = None
+        if self.should_stop and not failed and error is None:
+            decision = self.stop_decision or {}
+            reason = (f"stopped by live health: {self.stopped_by}"
+                      + (f" (fired at step {decision['step']}: {decision.get('explanation', '')})"[:400]
+                         if "step" in decision else ""))
+        self.publisher.close(failed=failed, error=error, reason=reason)
 
     def _reducer(self, phase: str) -> MetricReducer:
         try:
@@ -416,7 +482,7 @@ def build_callback(config: Mapping[str, Any]) -> MetricsCallback:
                       "posttrain_metrics.callbacks.generic.MetricsCallback"):
         raise MetricsError(f"_target_ {target!r} is not posttrain_metrics.callbacks.MetricsCallback")
     allowed = {"adapters", "sinks", "out_dir", "run_name", "run_id", "local", "publisher", "close_timeout",
-               "total_steps", "extra", "samples_per_step", "sample_max_chars", "perf"}
+               "total_steps", "extra", "samples_per_step", "sample_max_chars", "perf", "health"}
     unknown = sorted(set(options) - allowed)
     if unknown:
         raise MetricsError(f"unknown callback option(s) {unknown}; it takes {sorted(allowed)}")

@@ -92,10 +92,11 @@ class LightningMetricsCallback(Callback):  # type: ignore[misc]
         output_key: str = OUTPUT_KEY,
         extra: Mapping[str, Any] | None = None,
         perf: bool | Mapping[str, Any] | Throughput = False,
+        health: Mapping[str, Any] | None = None,
     ) -> None:
         self.metrics = MetricsCallback(
             adapters=adapters, sinks=sinks, out_dir=out_dir, run_name=run_name, run_id=run_id, extra=extra,
-            perf=perf,
+            perf=perf, health=health,
         )
         self.output_key = output_key
         self._seen_step: int | None = None
@@ -133,6 +134,8 @@ class LightningMetricsCallback(Callback):  # type: ignore[misc]
         if trainer.global_step != self._seen_step:
             self._seen_step = trainer.global_step
             self.metrics.on_window_end(trainer.global_step)
+            if self.metrics.should_stop:  # live health's stop: the same step on every rank
+                trainer.should_stop = True
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.metrics.on_run_end()

@@ -253,10 +253,11 @@ class PosttrainMetricsCallback(TrainerCallback, MetricsCallback):  # type: ignor
         run_id: str | None = None,
         extra: Mapping[str, Any] | None = None,
         perf: bool | Mapping[str, Any] | Throughput = False,
+        health: Mapping[str, Any] | None = None,
     ) -> None:
         MetricsCallback.__init__(
             self, adapters=adapters, sinks=sinks, out_dir=out_dir, run_name=run_name, run_id=run_id, extra=extra,
-            perf=perf,
+            perf=perf, health=health,
         )
         self._routes: _Routes | None = None
         self._recorded: set[str] = set()  # source names recorded via on_chunk_end in the open window
@@ -278,7 +279,7 @@ class PosttrainMetricsCallback(TrainerCallback, MetricsCallback):  # type: ignor
         target = options.pop("_target_", None)
         if target not in (None, f"{cls.__module__}.{cls.__name__}"):
             raise MetricsError(f"_target_ {target!r} is not {cls.__module__}.{cls.__name__}")
-        allowed = {"adapters", "sinks", "out_dir", "run_name", "run_id", "extra", "perf"}
+        allowed = {"adapters", "sinks", "out_dir", "run_name", "run_id", "extra", "perf", "health"}
         unknown = sorted(set(options) - allowed)
         if unknown:
             raise MetricsError(f"unknown callback option(s) {unknown}; it takes {sorted(allowed)}")
@@ -317,6 +318,8 @@ class PosttrainMetricsCallback(TrainerCallback, MetricsCallback):  # type: ignor
             self._open_step = state.global_step
         else:
             self._close_window(state.global_step, args, None)
+        if self.should_stop:  # live health's stop, the same step on every rank (see MetricsCallback.should_stop)
+            control.should_training_stop = True
 
     def on_log(
         self,
@@ -335,6 +338,8 @@ class PosttrainMetricsCallback(TrainerCallback, MetricsCallback):  # type: ignor
             self._close_eval(state.global_step, args, logs)
         else:
             self._close_window(state.global_step, args, logs)
+        if self.should_stop:
+            control.should_training_stop = True
 
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any

@@ -58,7 +58,7 @@ _FAST: dict[Reduction, int] = {
 }
 _TYPE_RANK = {float: _FLOAT, int: _INT}
 
-LAYOUT_VERSION = 3
+LAYOUT_VERSION = 4
 """Part of every layout's fingerprint: bumped whenever the slots or their meaning change, so ranks
 (or workers) running different versions of this module refuse to merge instead of mixing slots."""
 
@@ -152,9 +152,10 @@ class Layout:
 
     # Global slots. SUM: ranks that added a chunk, ranks with an error, then per adapter the chunks
     # that carried any of its keys and per all-or-nothing family the chunks that carried it. MAX:
-    # worst error, step and phase (with negations, so a disagreement shows as max != min).
+    # worst error, step and phase (with negations, so a disagreement shows as max != min), and the
+    # stop code (a live-health stop that rank 0 carries to every rank: see MetricReducer.stop_request).
     ACTIVE, ERROR_RANKS = 0, 1
-    WORST, STEP, NEG_STEP, PHASE, NEG_PHASE = 0, 1, 2, 3, 4
+    WORST, STEP, NEG_STEP, PHASE, NEG_PHASE, STOP = 0, 1, 2, 3, 4, 5
 
     def __init__(self, adapters: Sequence[MetricAdapter]) -> None:
         self.adapters = tuple(adapters)
@@ -179,7 +180,7 @@ class Layout:
         chunks of its batch (those carrying its scope key, or any of its adapter's keys, or it)."""
         owner: dict[str, str] = {}
         published: dict[tuple[str | None, str], str] = {}
-        s, m = 2 + 2 * len(self.families), 5
+        s, m = 2 + 2 * len(self.families), 6
         for adapter in self.adapters:
             counts = adapter.counts
             for source, metric in adapter.metrics.items():

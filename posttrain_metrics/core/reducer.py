@@ -183,6 +183,12 @@ class MetricReducer:
         self.local = local
         self._chunks: list[Any] = []
         self._verified = False
+        self.stop_request = 0
+        """A live-health stop to carry to every rank (a code > 0, set on global rank 0 by a watcher
+        thread): read once per ``reduce``, packed in the window's MAX buffer, so the decision rides in
+        the step's existing collective."""
+        self.stop = 0
+        """The stop code the first window that carried one brought, the same on every rank (0: none)."""
 
     def add(self, chunk: Mapping[str, Any] | RefusedChunk) -> None:
         """Record one chunk's source-name metrics. Cheap: values are read at ``reduce``, tensors
@@ -221,11 +227,16 @@ class MetricReducer:
             distributed.refuse_launcher_without_group()
         rank, size = where or (0, 1)
         state, step_value = _window_state(self.layout, chunks, rank=rank, step=step, phase=phase)
+        request = self.stop_request  # the one flag the training thread reads per step
+        if request:
+            state.max[Layout.STOP] = float(request)
         if where is not None:
             if not self._verified:
                 distributed.handshake(self.layout.fingerprint, self.layout.sum_size, self.group, step=step_value)
                 self._verified = True
             state = distributed.all_reduce_state(state, self.group, step=step_value)
+        if not self.stop and state.max[Layout.STOP] > 0:  # every rank, before a bad window raises
+            self.stop = int(state.max[Layout.STOP])
         metrics = self.layout.read(state, phase=phase, world_size=size)
         assert step_value is not None  # a bad step was recorded, and read() raised it
         return Frame(step=step_value, metrics=metrics, phase=phase, wall_time=time.time())

@@ -63,7 +63,8 @@ def make_callback(
 ) -> MetricsCallback:
     """One rank's callback (module level, so spawned ranks can unpickle it)."""
     return MetricsCallback(adapters=list(DEMO_ADAPTERS), sinks=list(sinks), out_dir=out_dir,
-                           run_name=run_name, run_id=run_id, total_steps=total_steps, perf=True)
+                           run_name=run_name, run_id=run_id, total_steps=total_steps, perf=True,
+                           health={})  # live health, every check on warn (docs/health.md)
 
 
 def run_demo(args: argparse.Namespace) -> int:

@@ -38,13 +38,14 @@ from __future__ import annotations
 
 from .engine import Check, Doctor, Finding, JournalLike, Severity, config_int, exit_status, step_ranges
 from .report import format_findings
-from .table import CHECKS, run_checks
+from .table import CHECKS, TUNABLE, run_checks
 from .thresholds import BUDGET_CONFIG_NAMES, MINIBATCH_CONFIG_NAMES
 
 __all__ = [
     "BUDGET_CONFIG_NAMES",
     "CHECKS",
     "MINIBATCH_CONFIG_NAMES",
+    "TUNABLE",
     "Check",
     "Doctor",
     "Finding",

@@ -136,12 +136,18 @@ class _Hit:
 
 
 class _Run:
-    """What every check knows before the frames go by: the journal, its config and adapters."""
+    """What every check knows before the frames go by: the journal, its config and adapters, and the
+    thresholds the run overrides (by their names in ``thresholds``, e.g. ``KL_RATIO_MIN``)."""
 
-    def __init__(self, journal: JournalLike) -> None:
+    def __init__(self, journal: JournalLike, thresholds: Mapping[str, float] | None = None) -> None:
         self.journal = journal
         self.config = dict(journal.config)
         self.adapters = tuple(journal.adapters)
+        self.thresholds = dict(thresholds or {})
+
+    def threshold(self, name: str, default: float) -> float:
+        """The threshold ``name``: the run's override, else ``default`` (the value in ``thresholds``)."""
+        return float(self.thresholds.get(name, default))
 
 
 class _Watch:
@@ -247,14 +253,16 @@ class Check:
 class Doctor:
     """The checks of a table watching one run: fed its frames one at a time, in file order.
 
+    ``thresholds`` overrides thresholds by name (see ``table.TUNABLE``).
     The offline doctor feeds every frame (:meth:`see`), then asks for the :meth:`findings`. The
     checks whose ``counts`` is set (:attr:`counting`) first read the run's train frames once more
     (:meth:`count`): their thresholds depend on the series' length. Asking for the findings changes
     nothing, so a runner reading a journal as it is written can ask after any frame.
     """
 
-    def __init__(self, journal: JournalLike, checks: Sequence[Check]) -> None:
-        run = _Run(journal)
+    def __init__(self, journal: JournalLike, checks: Sequence[Check],
+                 thresholds: Mapping[str, float] | None = None) -> None:
+        run = _Run(journal, thresholds)
         self.checks = tuple(checks)
         self.watches = [check.watch(run) for check in self.checks]
         self.counting = tuple(check.id for check, watch in zip(self.checks, self.watches) if watch.counts)

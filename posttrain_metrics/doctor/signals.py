@@ -21,7 +21,9 @@ from .thresholds import (
     GRAD_NORM,
     GROUPS,
     INFORMATIVE,
+    INFORMATIVE_COLD_STEPS,
     INFORMATIVE_FRACTION_MIN,
+    INFORMATIVE_WARM_FRACTION,
     KL_MAX,
     KL_MAX_MIN,
     KL_MEAN,
@@ -39,6 +41,7 @@ from .thresholds import (
 
 class _ClipAtSingleMinibatch(_Watch):
     def __init__(self, run: _Run) -> None:
+        self.ratio_absdev_tolerance = run.threshold("RATIO_ABSDEV_TOLERANCE", RATIO_ABSDEV_TOLERANCE)
         self.n_mini, self.where = config_int(run.config, MINIBATCH_CONFIG_NAMES, prefer="rl")
         self.recorded = False
         self.clip: dict[int, float] = {}  # step -> value where nonzero
@@ -53,7 +56,7 @@ class _ClipAtSingleMinibatch(_Watch):
             return
         if clip is not None and clip > 0.0:
             self.clip[frame.step] = clip
-        if ratio is not None and ratio > RATIO_ABSDEV_TOLERANCE:
+        if ratio is not None and ratio > self.ratio_absdev_tolerance:
             self.ratio[frame.step] = ratio
 
     def hits(self) -> Iterator[_Hit]:
@@ -95,9 +98,17 @@ class _ClipAtSingleMinibatch(_Watch):
 class _InformativeGroups(_Watch):
     # A frame's counts are read together: the informative groups of a step against the groups that
     # step scored, and the tied groups of the steps found low.
+    # Low steps of a cold start (before the run warmed up, within its first steps) and of solved
+    # prompts (most ties all 1) are info; the others are the warning (see INFORMATIVE_WARM_FRACTION).
     def __init__(self, run: _Run) -> None:
+        self.informative_fraction_min = run.threshold("INFORMATIVE_FRACTION_MIN", INFORMATIVE_FRACTION_MIN)
+        self.informative_warm_fraction = run.threshold("INFORMATIVE_WARM_FRACTION", INFORMATIVE_WARM_FRACTION)
+        self.informative_cold_steps = run.threshold("INFORMATIVE_COLD_STEPS", INFORMATIVE_COLD_STEPS)
         self.scored = 0  # frames carrying the informative count
         self.low = array.array("q")
+        self.cold = array.array("q")
+        self.solved = array.array("q")
+        self.warm = False  # some step had INFORMATIVE_WARM_FRACTION of its groups informative
         self.tied_zero = self.tied_one = 0.0
         self.zero_grad: float | None = None  # the last zero_grad_skips_total
 
@@ -111,14 +122,42 @@ class _InformativeGroups(_Watch):
             return
         self.scored += 1
         total = _number(metrics.get(GROUPS))
-        if (total is not None and total > 0 and value <= INFORMATIVE_FRACTION_MIN * total) or (
+        if (total is not None and total > 0 and value <= self.informative_fraction_min * total) or (
             total is None and value == 0
         ):
-            self.low.append(frame.step)
-            self.tied_zero += _number(metrics.get(ALL_ZERO)) or 0.0
-            self.tied_one += _number(metrics.get(ALL_ONE)) or 0.0
+            zero, one = _number(metrics.get(ALL_ZERO)) or 0.0, _number(metrics.get(ALL_ONE)) or 0.0
+            if one > zero:
+                self.solved.append(frame.step)
+            elif not self.warm and self.scored <= self.informative_cold_steps:
+                self.cold.append(frame.step)
+            else:
+                self.low.append(frame.step)
+                self.tied_zero += zero
+                self.tied_one += one
+        elif total is not None and total > 0 and value >= self.informative_warm_fraction * total:
+            self.warm = True
 
     def hits(self) -> Iterator[_Hit]:
+        if self.cold:
+            yield _Hit(
+                self.cold,
+                f"informative groups at or below {self.informative_fraction_min:.0%} of the groups scored at "
+                f"{len(self.cold)} step(s) of the run's start, before any step had {self.informative_warm_fraction:.0%} "
+                "of its groups informative: a cold start (the policy solves almost none of the prompts yet)",
+                "nothing while it passes; if it lasts, the prompts are too hard or the verifier fails",
+                (INFORMATIVE, GROUPS, ALL_ZERO),
+                Severity.INFO,
+            )
+        if self.solved:
+            yield _Hit(
+                self.solved,
+                f"informative groups at or below {self.informative_fraction_min:.0%} of the groups scored at "
+                f"{len(self.solved)} step(s) where most tied groups scored all 1: the policy solves these "
+                "prompts, so they carry no more signal",
+                "add harder prompts (a curriculum) or filter solved ones (dynamic sampling)",
+                (INFORMATIVE, GROUPS, ALL_ONE),
+                Severity.INFO,
+            )
         if not self.low:
             return
         why = ""
@@ -136,7 +175,7 @@ class _InformativeGroups(_Watch):
             )
         yield _Hit(
             self.low,
-            f"informative groups at or below {INFORMATIVE_FRACTION_MIN:.0%} of the groups scored at "
+            f"informative groups at or below {self.informative_fraction_min:.0%} of the groups scored at "
             f"{len(self.low)} of {self.scored} steps: groups whose rewards tie have zero advantage, so "
             f"these batches carry (almost) no gradient signal.{why}{zero_grad}",
             "a data or reward problem, not an optimizer one: check that the reward discriminates between "
@@ -151,6 +190,9 @@ class _KlSpike(_Watch):
     # grad_norm against the median of the norms recorded before it. Spikes are kept unconfirmed only
     # while no grad_norm has come (a run that records none gets them as an info finding).
     def __init__(self, run: _Run) -> None:
+        self.kl_ratio_min = run.threshold("KL_RATIO_MIN", KL_RATIO_MIN)
+        self.kl_max_min = run.threshold("KL_MAX_MIN", KL_MAX_MIN)
+        self.grad_jump_factor = run.threshold("GRAD_JUMP_FACTOR", GRAD_JUMP_FACTOR)
         self.unconfirmed: dict[int, float] = {}  # step -> kl_max / kl_mean, before any grad_norm
         self.confirmed: dict[int, tuple[float, float]] = {}  # step -> (that ratio, grad_norm / baseline)
         self.recent: collections.deque[float] = collections.deque(maxlen=GRAD_BASELINE_WINDOW)
@@ -168,13 +210,13 @@ class _KlSpike(_Watch):
             history = [v for v in self.recent if v > 0]
             if len(history) >= GRAD_BASELINE_MIN:
                 base = statistics.median(history)
-                if base > 0 and grad >= GRAD_JUMP_FACTOR * base:
+                if base > 0 and grad >= self.grad_jump_factor * base:
                     jump = grad / base
             self.recent.append(grad)
         kl_max, kl_mean = _number(metrics.get(KL_MAX)), _number(metrics.get(KL_MEAN))
         if kl_max is None or kl_mean is None or kl_mean <= 0.0:
             return
-        if kl_max >= KL_MAX_MIN and kl_max >= KL_RATIO_MIN * kl_mean:
+        if kl_max >= self.kl_max_min and kl_max >= self.kl_ratio_min * kl_mean:
             if not self.grad:
                 self.unconfirmed[frame.step] = kl_max / kl_mean
             elif jump is not None:
@@ -187,7 +229,7 @@ class _KlSpike(_Watch):
         if self.unconfirmed:
             yield _Hit(
                 sorted(self.unconfirmed),
-                f"kl_max is {KL_RATIO_MIN:.0f}x kl_mean or more, but train/grad_norm is not recorded, so "
+                f"kl_max is {self.kl_ratio_min:.0f}x kl_mean or more, but train/grad_norm is not recorded, so "
                 "the one-token-owns-the-step signature cannot be confirmed",
                 "record grad_norm (max_grad_norm > 0) to tell a harmless outlier token from one that owns "
                 "the update",
@@ -244,13 +286,14 @@ class _PpoCounters(_Watch):
 
 class _ScRhoMax(_Watch):
     def __init__(self, run: _Run) -> None:
+        self.sc_rho_max_large = run.threshold("SC_RHO_MAX_LARGE", SC_RHO_MAX_LARGE)
         self.steps = array.array("q")
         self.peak: tuple[int, float] | None = None
 
     def see(self, frame: Frame) -> None:
         value = _number(frame.metrics.get(SC_RHO_MAX))
         tokens = _number(frame.metrics.get(SC_TOKENS))
-        if value is None or value < SC_RHO_MAX_LARGE or (tokens is not None and tokens <= 0):
+        if value is None or value < self.sc_rho_max_large or (tokens is not None and tokens <= 0):
             return
         self.steps.append(frame.step)
         if self.peak is None or value > self.peak[1]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from .engine import Check, Doctor, Finding, JournalLike, Severity
 from .integrity import _JournalGap, _JournalIntegrity, _RunEnd, _StepOrder
 from .signals import _ClipAtSingleMinibatch, _InformativeGroups, _KlSpike, _PpoCounters, _ScRhoMax
@@ -50,7 +52,7 @@ from .thresholds import (
 from .trends import _DpoAccuracy, _LengthBudget, _LogprobGapNoData, _LogprobGapRising, _ThroughputDrop
 from .updates import _NonfiniteApplied, _NonfiniteInARow, _NonfiniteValues, _UpdateSkipped, _ZeroGradSkips
 
-__all__ = ["CHECKS", "run_checks"]
+__all__ = ["CHECKS", "TUNABLE", "run_checks"]
 
 
 CHECKS: tuple[Check, ...] = (
@@ -66,7 +68,8 @@ CHECKS: tuple[Check, ...] = (
     Check("ppo_counter_mismatch", Severity.ERROR, (POLICY_STEP, CRITIC_STEP),
           "policy and critic counters advance differently between adjacent frames", _PpoCounters),
     Check("informative_groups_low", Severity.WARNING, (INFORMATIVE, GROUPS, ZERO_GRAD),
-          f"informative <= {INFORMATIVE_FRACTION_MIN:.0%} of group_count (or 0)", _InformativeGroups),
+          f"informative <= {INFORMATIVE_FRACTION_MIN:.0%} of group_count (or 0); info at a cold start or on "
+          "solved prompts", _InformativeGroups),
     Check("kl_spike", Severity.WARNING, (KL_MAX, KL_MEAN, GRAD_NORM),
           f"kl_max >= {KL_RATIO_MIN:g} x kl_mean and >= {KL_MAX_MIN:g} nat, with grad_norm >= "
           f"{GRAD_JUMP_FACTOR:g} x median of the previous {GRAD_BASELINE_WINDOW}", _KlSpike),
@@ -97,12 +100,26 @@ CHECKS: tuple[Check, ...] = (
 """Every check the doctor runs, in report order within a severity."""
 
 
-def run_checks(journal: JournalLike) -> list[Finding]:
+TUNABLE: dict[str, tuple[str, ...]] = {
+    "clip_at_single_minibatch": ("RATIO_ABSDEV_TOLERANCE",),
+    "informative_groups_low": ("INFORMATIVE_FRACTION_MIN", "INFORMATIVE_WARM_FRACTION", "INFORMATIVE_COLD_STEPS"),
+    "kl_spike": ("KL_RATIO_MIN", "KL_MAX_MIN", "GRAD_JUMP_FACTOR"),
+    "length_budget": ("TRUNCATION_RISE",),
+    "logprob_gap_rising": ("GAP_RISE_FACTOR", "GAP_RISE_MIN"),
+    "dpo_accuracy_flat": ("DPO_MIN_RISE",),
+    "sc_rho_max_large": ("SC_RHO_MAX_LARGE",),
+    "nonfinite_in_a_row": ("NONFINITE_CONSECUTIVE_MAX",),
+}
+"""The thresholds (names in ``thresholds``) a run may override, per check (see :class:`Doctor`)."""
+
+
+def run_checks(journal: JournalLike, thresholds: Mapping[str, float] | None = None) -> list[Finding]:
     """Every finding of every check in :data:`CHECKS`, errors first, then warnings, then info.
 
     The frames are read in file order, each handed to every check that reads its phase; the train
-    frames are read once before, for the checks that count a series first (the trend checks)."""
-    doctor = Doctor(journal, CHECKS)
+    frames are read once before, for the checks that count a series first (the trend checks).
+    ``thresholds`` overrides thresholds by name (:data:`TUNABLE`; live health's config)."""
+    doctor = Doctor(journal, CHECKS, thresholds)
     if doctor.counting:
         for frame in journal.frames:
             doctor.count(frame)

@@ -26,6 +26,16 @@ INFORMATIVE_FRACTION_MIN = 0.1
 """Informative groups at or below this fraction of the groups scored count as "near zero": at most
 one group in ten produces a nonzero advantage, so nine tenths of the sampling bought no signal."""
 
+INFORMATIVE_WARM_FRACTION = 0.25
+INFORMATIVE_COLD_STEPS = 20
+"""A GRPO run often starts cold: the policy solves none of a group's samples, every group ties at 0
+and carries no signal, until it solves a few. Low steps before the run first reaches this fraction
+of informative groups (a quarter of its groups giving signal), within its first
+``INFORMATIVE_COLD_STEPS`` scored steps, are a cold start (info), not a collapse; so are low steps
+where most tied groups scored all 1 (the policy solves the prompts: they are too easy now). A run
+still cold after 20 steps has a reward or data problem (a verifier that always fails): warning.
+The demo's five seeds start cold for up to 9 steps and end with solved prompts."""
+
 KL_RATIO_MIN = 1000.0
 """``kl_max / kl_mean`` at or above this is "orders of magnitude above": three decades means one
 token's K3 penalty outweighs the mean of about a thousand tokens, i.e. one token owns the KL term."""

@@ -78,6 +78,7 @@ class _Trend(_Watch):
 
 class _LengthBudget(_Trend):
     def __init__(self, run: _Run) -> None:
+        self.truncation_rise = run.threshold("TRUNCATION_RISE", TRUNCATION_RISE)
         super().__init__()
         self.config = run.config
         self.longest: float | None = None  # the run's longest response (the first pass)
@@ -116,7 +117,7 @@ class _LengthBudget(_Trend):
                 self.first = array.array("d")
             return
         length = _number(frame.metrics.get(LEN_MAX))
-        if value >= self.base + TRUNCATION_RISE and length is not None and length >= self.budget[0]:
+        if value >= self.base + self.truncation_rise and length is not None and length >= self.budget[0]:
             self.risen.append(frame.step)
             self.peak = max(self.peak, value)
 
@@ -137,6 +138,8 @@ class _LengthBudget(_Trend):
 
 class _LogprobGapRising(_Trend):
     def __init__(self, run: _Run) -> None:
+        self.gap_rise_factor = run.threshold("GAP_RISE_FACTOR", GAP_RISE_FACTOR)
+        self.gap_rise_min = run.threshold("GAP_RISE_MIN", GAP_RISE_MIN)
         super().__init__()
         self.first = _Series()  # the baseline's points, until the baseline is known
         self.floor = math.inf
@@ -160,7 +163,7 @@ class _LogprobGapRising(_Trend):
         if self.i == self.quarter:  # the baseline is known: judge its own points, then the rest as they come
             self.first.add(frame.step, value)
             self.base = statistics.median(self.first.values)
-            self.floor = max(GAP_RISE_FACTOR * self.base, self.base + GAP_RISE_MIN)
+            self.floor = max(self.gap_rise_factor * self.base, self.base + self.gap_rise_min)
             for step, v in self.first.points():
                 self._judge(step, v)
             self.first = _Series()
@@ -241,6 +244,7 @@ class _LogprobGapNoData(_Watch):
 
 class _DpoAccuracy(_Trend):
     def __init__(self, run: _Run) -> None:
+        self.dpo_min_rise = run.threshold("DPO_MIN_RISE", DPO_MIN_RISE)
         super().__init__()
         self.tail = _Series()  # the last quarter's points
 
@@ -260,9 +264,9 @@ class _DpoAccuracy(_Trend):
         if not len(tail):
             return
         level = statistics.fmean(tail.values)
-        if level >= DPO_CHANCE + DPO_MIN_RISE:
+        if level >= DPO_CHANCE + self.dpo_min_rise:
             return
-        below = level <= DPO_CHANCE - DPO_MIN_RISE
+        below = level <= DPO_CHANCE - self.dpo_min_rise
         yield _Hit(
             tail.steps,
             f"train/dpo_accuracy averages {_fmt(level)} over the last {len(tail)} steps: it has not risen "

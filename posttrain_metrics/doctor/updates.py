@@ -89,6 +89,7 @@ class _ZeroGradSkips(_Skips):
 
 class _NonfiniteInARow(_Watch):
     def __init__(self, run: _Run) -> None:
+        self.nonfinite_consecutive_max = run.threshold("NONFINITE_CONSECUTIVE_MAX", NONFINITE_CONSECUTIVE_MAX)
         self.steps = array.array("q")
         self.peak = -math.inf
 
@@ -96,14 +97,14 @@ class _NonfiniteInARow(_Watch):
         value = _number(frame.metrics.get(NONFINITE_CONSECUTIVE))
         if value is not None:
             self.peak = max(self.peak, value)
-            if value >= NONFINITE_CONSECUTIVE_MAX:
+            if value >= self.nonfinite_consecutive_max:
                 self.steps.append(frame.step)
 
     def hits(self) -> Iterator[_Hit]:
         if self.steps:
             yield _Hit(
                 self.steps,
-                f"{_fmt(self.peak)} non-finite rejections in a row (threshold {NONFINITE_CONSECUTIVE_MAX}): the "
+                f"{_fmt(self.peak)} non-finite rejections in a row (threshold {self.nonfinite_consecutive_max}): the "
                 "weights or optimizer state, not one bad batch, produce the non-finite values",
                 "stop the run and resume from a checkpoint before the first rejection with a lower learning "
                 "rate or gradient clipping; check the loss and logprob precision",

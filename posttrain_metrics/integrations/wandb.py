@@ -447,6 +447,21 @@ class WandbSink:
         first, last = int(start * 1000), int(frames[1] * 1000)  # cut to the ms, as MLflow stores its times
         return {started: _utc(first), ended: _utc(last), duration: (last - first) / 1000}
 
+    def write_finding(self, event: Mapping[str, Any]) -> None:
+        """A live-health finding (:mod:`posttrain_metrics.publication.health`): a W&B alert (recorded in
+        an offline run too) and ``health/<check>`` in the summary (severity, step, action, explanation)."""
+        run = self._run
+        if run is None or event.get("kind") != "finding":
+            return
+        check, severity = str(event["check"]), str(event["severity"])
+        level = {"error": "ERROR", "warning": "WARN"}.get(severity, "INFO")  # wandb.AlertLevel's values
+        text = f"{event['explanation']}\n\nNext: {event['next_step']}" + (
+            "\n\nAction: stop (the run stops at the next step every rank reduces)" if event.get("action") == "stop" else "")
+        run.alert(title=f"{check} ({severity}) at step {event['step']}", text=text[:4000], level=level,
+                  wait_duration=0)
+        run.summary[f"health/{check}"] = {"severity": severity, "step": event["step"], "action": event.get("action"),
+                                          "steps": event.get("step_ranges", ""), "explanation": event["explanation"]}
+
     def attach(self, files: Sequence[Path]) -> None:
         """Attach the run's own record (journal, config, doctor's report, dashboard) as run files under
         ``posttrain_metrics/`` (copied into the run's files folder, uploaded at the end of the run or

@@ -111,6 +111,9 @@ class RunFile(enum.Enum):
     RECORD = "{name}.record"  # the run's record folder, attached at close (publication.artifacts)
     STATUS = "{name}.publisher.json"  # the publisher's progress and run handles (publication.follower)
     SINKS = "{name}.sinks.json"  # the tracker sinks' configs for the publisher (publication.process)
+    HEALTH = "{name}.health.json"  # live health's actions and thresholds, from the trainer (publication.health)
+    FINDINGS = "{name}.findings.jsonl"  # the findings live health published (publication.health)
+    STOP = "{name}.stop.json"  # live health's decision to stop the run, read by rank 0 (publication.health)
     LOG = "{log}"  # the publisher process's output: publisher.log beside journal.jsonl (its documented name)
     LOCK = "{name}.lock"  # held for the run's life: one live run per journal (JournalSink.start)
 

@@ -66,7 +66,9 @@ def write_record(journal: Path) -> list[Path]:
     _atomic(config, json.dumps(run.config_tree, indent=2, sort_keys=True, allow_nan=False).encode())
     files.append(config)
     try:
-        findings = run_checks(run)
+        from .health import read_thresholds
+
+        findings = run_checks(run, read_thresholds(journal))  # the thresholds live health judged with
         for name, as_json in (("doctor.txt", False), ("doctor.json", True)):
             path = folder / name
             _atomic(path, (format_findings(findings, as_json=as_json, journal=run) + "\n").encode())

@@ -445,6 +445,40 @@ def _last_try(stuck: Sequence[Replica]) -> bool:
     return started
 
 
+def _open_health(journal: Path, *, live: bool) -> Any:
+    """The run's live health (:mod:`.health`) when its trainer asked for it; a bug there never stops
+    publication (warned, then publication goes on without it)."""
+    from .health import LiveHealth
+
+    try:
+        return LiveHealth.open(journal, live=live)
+    except Exception as exc:
+        warn(f"live health is off: {type(exc).__name__}: {str(exc)[:300]}", stacklevel=2)
+        return None
+
+
+def _health_step(health: Any, replicas: Sequence[Replica]) -> Any:
+    """One round of live health; None once it broke (warned once)."""
+    if health is None:
+        return None
+    try:
+        health.pump(replicas)
+        return health
+    except Exception as exc:
+        warn(f"live health stopped: {type(exc).__name__}: {str(exc)[:300]}; the run's record at close still "
+             "has the doctor's findings", stacklevel=2)
+        return None
+
+
+def _health_close(health: Any, replicas: Sequence[Replica]) -> None:
+    if health is None:
+        return
+    try:
+        health.close(replicas)
+    except Exception as exc:
+        warn(f"live health could not close: {type(exc).__name__}: {str(exc)[:300]}", stacklevel=2)
+
+
 def _parent_gone(parent_pid: int | None) -> bool:
     return parent_pid is not None and os.getppid() != parent_pid
 
@@ -510,6 +544,9 @@ def follow(
 
     journal = Path(path)
     replicas = [Replica(journal, sink, batch=batch, adapters=adapters, retry=retry()) for sink in sinks]
+    health = _open_health(journal, live=follow) if report else None  # the reporting follower's (one per run)
+    if health is not None and follow:
+        health.run()  # on a thread of its own: a tracker slow to start never delays a finding
     where = status_path(journal)
     started = time.time()
     last_report = 0.0
@@ -551,6 +588,7 @@ def follow(
     trimmed = time.monotonic()
     while True:
         handled = [_step(r) for r in replicas]
+        health = _health_step(health, replicas)
         moved = sum(handled)
         now = time.monotonic()
         if trim is not None and trim_heap is not None and now - trimmed >= trim_heap:
@@ -608,6 +646,7 @@ def follow(
             continue
         nap_until_closed(sleep)
         sleep = min(max_poll, sleep * 2)  # nothing new: wake less often (with a poll below max_poll)
+    _health_close(health, replicas)
     if record:
         state = "recording"  # every replica read the journal to its end: the run's record, then the close
         if report:
@@ -618,6 +657,8 @@ def follow(
     state = "closed"
     final = snapshot("closed")
     final["status"] = status
+    if health is not None:
+        final["health"] = health.summary()  # the findings published and the stop decision, if any
     if report:
         write_status(where, final)
     if status == "killed":

@@ -441,6 +441,22 @@ class MlflowSink:
         for path in files:
             self._client.log_artifact(self.run_id, str(path), artifact_path="posttrain_metrics")
 
+    def write_finding(self, event: Mapping[str, Any]) -> None:
+        """A live-health finding (:mod:`posttrain_metrics.publication.health`): the metric ``health/<check>``
+        (1 at the step it fired; 0 at the run's first step for a check that never fired, at the close) and,
+        for a finding, the tag ``health/<check>`` with its step and message. Queued like a frame."""
+        if self._client is None or self._closed or self._metric_names is None or self._tag_names is None:
+            return
+        check, step = str(event["check"]), int(event["step"])
+        found = event.get("kind") == "finding"
+        metrics = [(self._metric_names(f"health/{check}"), 1.0 if found else 0.0, int(time.time() * 1000), step)]
+        tags = []
+        if found:
+            text = (f"step {step} ({event['severity']}, action {event.get('action', 'warn')}): "
+                    f"{event['explanation']} Next: {event['next_step']}")
+            tags.append((self._tag_names(f"health/{check}"), text[: self._tag_limit or 5000]))
+        self._queue(_Batch([step], metrics, tags))
+
     def write_samples(self, samples: Any) -> None:
         """A step's sample completions as MLflow tables (:mod:`.tables`): the step's own file
         ``posttrain_metrics/samples/step_<step>.json`` (a replayed step overwrites it) and its rows in

@@ -145,6 +145,24 @@ class TensorBoardSink:
             self._writer.add_event(self._event(samples.step, samples.wall_time or time.time(), values))
             self._writer.flush()
 
+    def write_finding(self, event: Mapping[str, Any]) -> None:
+        """A live-health finding (:mod:`posttrain_metrics.publication.health`): the scalar ``health/<check>``
+        (1 at the step it fired; 0 at the run's first step for a check that never fired, at the close) and,
+        for a finding, a text entry ``health/<check>`` at that step."""
+        if self._writer is None:
+            return
+        check, step = str(event["check"]), int(event["step"])
+        summary = self._tb.summary_pb2
+        found = event.get("kind") == "finding"
+        values = [summary.Summary.Value(tag=f"health/{check}", simple_value=1.0 if found else 0.0)]
+        if found:
+            text = (f"**{check}** ({event['severity']}, action {event.get('action', 'warn')}) at step {step}"
+                    f"{' (steps ' + str(event.get('step_ranges')) + ')' if event.get('step_ranges') else ''}\n\n"
+                    f"{event['explanation']}\n\nNext: {event['next_step']}")
+            values.append(self._text_value(f"health/{check}/finding", text, "A live-health finding"))
+        self._writer.add_event(self._event(step, time.time(), values))
+        self._writer.flush()
+
     def resolve(self, name: str, run_id: str) -> Path:
         """``log_dir`` with its placeholders filled in. Placeholders take folder-safe values: a run
         name or id cannot lead the path elsewhere. A run resumed (same id) under another name finds
