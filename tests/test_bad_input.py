@@ -69,7 +69,7 @@ class Run:
         self.reducer = MetricReducer(adapters)
         self.memory = MemorySink()
         self.journal = folder / "journal.jsonl"
-        self.pub = Publisher([JournalSink(self.journal), self.memory], adapters=adapters, background=False)
+        self.pub = Publisher([JournalSink(self.journal), self.memory], adapters=adapters, mode="inline")
         self.pub.start({})
 
     def step(self, step: int, chunks: list[dict[str, Any]]) -> Frame:
@@ -128,7 +128,7 @@ def test_nan_and_inf_values_propagate_and_every_sink_keeps_or_counts_them(tmp_pa
     strict = MemorySink()
     strict.name, strict.stores_nonfinite = "strict", frozenset({"nan"})  # like MLflow: NaN yes, inf no
     journal = tmp_path / "journal.jsonl"
-    pub = Publisher([JournalSink(journal), strict], adapters="grpo", background=False)
+    pub = Publisher([JournalSink(journal), strict], adapters="grpo", mode="inline")
     pub.start({})
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -175,7 +175,7 @@ def test_bools_are_counts_and_flags_and_trackers_see_0_or_1(tmp_path: Path) -> N
     rejected(tmp_path, {"update_outcome": True}, "'update_outcome'", "True", "'applied'")
 
     sink = MemorySink()
-    pub = Publisher([JournalSink(tmp_path / "j.jsonl"), sink], adapters="trainer", background=False)
+    pub = Publisher([JournalSink(tmp_path / "j.jsonl"), sink], adapters="trainer", mode="inline")
     pub.start({})
     pub.publish(Frame(1, flags, "train", 1.0))
     pub.close()
@@ -446,7 +446,7 @@ def test_reduce_with_no_add_gives_a_frame_with_no_metrics_on_every_path() -> Non
     assert reduce_metrics(GRPO_ADAPTERS, [[], []]) == {}
     sink = MemorySink()
     with pytest.warns(UserWarning, match="step 4 has no metrics"):
-        pub = Publisher([sink], adapters=GRPO_ADAPTERS, background=False)
+        pub = Publisher([sink], adapters=GRPO_ADAPTERS, mode="inline")
         pub.start({})
         pub.publish(Frame(4, {}))
     pub.publish(Frame(5, {}))  # warned once, counted every time
@@ -740,7 +740,7 @@ def test_a_planted_secret_of_any_shape_is_in_no_byte_of_any_artefact(
                        group=f"redis://:{tracker_secrets['wandb group']}@cache:6379"),
              ConsoleSink(stream=console, min_interval=0)]
     pub = Publisher(sinks, adapters=GRPO_ADAPTERS, run_name=f"planted-{tracker_secrets['run name']}",
-                    run_id="planted01", background=False)
+                    run_id="planted01", mode="inline")
     pub.start(planted_config())
     reducer = MetricReducer(GRPO_ADAPTERS)
     for step in (1, 2):
@@ -781,7 +781,7 @@ def test_no_secret_in_an_error_or_a_warning(tmp_path: Path) -> None:
         def write(self, frame: Frame) -> None:
             raise ConnectionError(f"API request to http://alice:{secret}@127.0.0.1:9/api/2.0/mlflow failed")
 
-    pub = Publisher([Failing()], adapters=GRPO_ADAPTERS, background=False)
+    pub = Publisher([Failing()], adapters=GRPO_ADAPTERS, mode="inline")
     pub.start({})
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -807,7 +807,7 @@ def test_the_live_mlflow_sink_redacts_a_password_in_its_uri_from_its_warnings(tm
     secret = "Pq41-uri-password"
     sink = MlflowSink(tracking_uri=f"http://alice:{secret}@127.0.0.1:{free_port()}", http_max_retries=0,
                       http_timeout=2)
-    pub = Publisher([sink, JournalSink(tmp_path / "journal.jsonl")], adapters=GRPO_ADAPTERS, background=False)
+    pub = Publisher([sink, JournalSink(tmp_path / "journal.jsonl")], adapters=GRPO_ADAPTERS, mode="inline")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         pub.start({})
@@ -875,7 +875,7 @@ def test_doctor_and_console_escape_control_characters_from_a_journal(
     assert "x\\r\\x1b[2K\\nhealthy" in out
     stream = io.StringIO()
     pub = Pub([ConsoleSink(stream=stream, keys=["train/kl_max", "train/k\x1b[31m1"])], adapters="grpo",
-              run_name=forged, background=False)
+              run_name=forged, mode="inline")
     pub.start({})
     pub.publish(Frame(1, {"train/kl_max": 0.5}, "train", 1.0))
     pub.close()

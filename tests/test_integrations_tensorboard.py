@@ -65,9 +65,9 @@ def _needs_tensorboard() -> None:
 def publish(tmp_path: Path, frames: list[Frame], adapters=GRPO_ADAPTERS, *, config=None, failed=False,
             close=True, **options) -> tuple[Publisher, TensorBoardSink]:
     sink = TensorBoardSink(log_dir=tmp_path / "tb", **options)
-    # background=False: these tests check the sink's own flushing, not the publisher's threads
+    # mode="inline": these tests check the sink's own flushing, not the publisher's threads
     pub = Publisher([JournalSink(tmp_path / "journal.jsonl"), sink], adapters=adapters, run_name="t",
-                    background=False)
+                    mode="inline")
     pub.start(config or {"rl": {"kl_beta": 0.04, "lr": 1e-3}, "seed": 3})
     for frame in frames:
         pub.publish(frame)
@@ -227,8 +227,8 @@ from _runs import GRPO_ADAPTERS, grpo_run
 from posttrain_metrics.publication import Publisher
 from posttrain_metrics.integrations.tensorboard import TensorBoardSink
 
-# background=False: the sink's flush at each step boundary is under test, not the publisher's queue
-pub = Publisher([TensorBoardSink(log_dir=sys.argv[1])], adapters=GRPO_ADAPTERS, background=False)
+# mode="inline": the sink's flush at each step boundary is under test, not the publisher's queue
+pub = Publisher([TensorBoardSink(log_dir=sys.argv[1])], adapters=GRPO_ADAPTERS, mode="inline")
 pub.start()
 for frame in grpo_run(steps=4):
     pub.publish(frame)
@@ -271,7 +271,7 @@ def test_configuration_is_checked_and_the_constructor_does_no_io(tmp_path):
 
 def test_close_is_idempotent_and_log_dir_takes_the_run_name(tmp_path):
     sink = TensorBoardSink(log_dir=tmp_path / "{name}-{run_id}")
-    pub = Publisher([sink], adapters=GRPO_ADAPTERS, run_name="exp", run_id="abc", background=False)
+    pub = Publisher([sink], adapters=GRPO_ADAPTERS, run_name="exp", run_id="abc", mode="inline")
     pub.start()
     pub.publish(grpo_run(steps=1)[0])
     sink.close()
@@ -608,7 +608,7 @@ def test_a_write_that_fails_on_the_writer_thread_is_the_sinks_failure_not_a_hang
     monkeypatch.setattr(tb_module, "_QUEUED", 1)
     frames = grpo_run(steps=6)
     sink = TensorBoardSink(log_dir=tmp_path / "tb")
-    pub = Publisher([sink], adapters=GRPO_ADAPTERS, run_name="t", background=False)
+    pub = Publisher([sink], adapters=GRPO_ADAPTERS, run_name="t", mode="inline")
     pub.start({"seed": 1})
     for frame in frames[:3]:
         pub.publish(frame)
@@ -703,7 +703,7 @@ def run_into(out_dir: Path, run_id: str, name: str, frames: list[Frame]) -> Publ
     from posttrain_metrics.integrations.factory import build_sink
 
     pub = Publisher([build_sink({"type": "tensorboard"}, out_dir=out_dir)], adapters=GRPO_ADAPTERS,
-                    run_name=name, run_id=run_id, background=False)
+                    run_name=name, run_id=run_id, mode="inline")
     pub.start({"seed": 1})
     for frame in frames:
         pub.publish(frame)
@@ -741,7 +741,7 @@ def test_export_finds_the_runs_own_directory(tmp_path):
 
     frames = grpo_run(steps=3)
     pub = Publisher([JournalSink(tmp_path / "journal.jsonl"), build_sink({"type": "tensorboard"}, out_dir=tmp_path)],
-                    adapters=GRPO_ADAPTERS, run_name="my run/1", run_id="ccc333", background=False)
+                    adapters=GRPO_ADAPTERS, run_name="my run/1", run_id="ccc333", mode="inline")
     pub.start({})
     for frame in frames:
         pub.publish(frame)

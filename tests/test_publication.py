@@ -127,10 +127,10 @@ def test_absent_stays_absent_in_the_publisher():
     assert "train/policy_loss" in sink.frames[2].metrics
 
 
-@pytest.mark.parametrize("background", [True, False])
-def test_close_is_idempotent_and_reports_failure(tmp_path, background):
+@pytest.mark.parametrize("mode", ["thread", "inline"])
+def test_close_is_idempotent_and_reports_failure(tmp_path, mode):
     sink = CloseCountingSink()  # records every close it gets: a second one would show
-    pub = Publisher([sink, JournalSink(tmp_path / "j.jsonl")], adapters=GRPO_ADAPTERS, background=background)
+    pub = Publisher([sink, JournalSink(tmp_path / "j.jsonl")], adapters=GRPO_ADAPTERS, mode=mode)
     pub.start({})
     pub.publish(grpo_run(steps=1)[0])
     pub.close(failed=True)
@@ -328,14 +328,14 @@ def test_structured_and_non_finite_configs_reach_the_journal(tmp_path):
 
 def test_a_resumed_journal_survives_a_line_torn_by_the_crash(tmp_path):
     path = tmp_path / "j.jsonl"
-    first = Publisher([JournalSink(path)], adapters=GRPO_ADAPTERS, run_id="runA", background=False)
+    first = Publisher([JournalSink(path)], adapters=GRPO_ADAPTERS, run_id="runA", mode="inline")
     first.start({})
     for frame in grpo_run(steps=2):
         first.publish(frame)
     with open(path, "a") as f:
         f.write('{"kind":"frame","run_id":"runA","st')  # killed mid-line, no end record
     first.sinks[0].lock.release()  # the crashed process's exit releases its run lock (the kernel does)
-    second = Publisher([JournalSink(path)], adapters=GRPO_ADAPTERS, run_id="runA", background=False)
+    second = Publisher([JournalSink(path)], adapters=GRPO_ADAPTERS, run_id="runA", mode="inline")
     with pytest.warns(UserWarning, match="torn by a crash"):
         publish_more = second.start({})
         assert publish_more.run_id == "runA"
@@ -351,7 +351,7 @@ def test_another_run_never_appends_to_a_journal(tmp_path):
     path = tmp_path / "journal.jsonl"
     publish(grpo_run(steps=2), [JournalSink(path)])
     with pytest.warns(UserWarning, match="moved it to journal"):
-        pub = Publisher([JournalSink(path)], adapters=GRPO_ADAPTERS, run_id="second", background=False)
+        pub = Publisher([JournalSink(path)], adapters=GRPO_ADAPTERS, run_id="second", mode="inline")
         pub.start({})
         pub.publish(grpo_run(steps=1)[0])
         pub.close()
@@ -363,7 +363,7 @@ def test_another_run_never_appends_to_a_journal(tmp_path):
 def test_an_end_record_followed_by_more_frames_is_not_the_status(tmp_path):
     path = tmp_path / "j.jsonl"
     for _ in range(2):  # the same run, resumed once: its second session has not ended
-        pub = Publisher([JournalSink(path)], adapters=GRPO_ADAPTERS, run_id="same", background=False)
+        pub = Publisher([JournalSink(path)], adapters=GRPO_ADAPTERS, run_id="same", mode="inline")
         pub.start({})
         pub.publish(grpo_run(steps=1)[0])
         if _ == 0:
@@ -395,7 +395,7 @@ def test_an_import_error_while_writing_degrades_the_sink_and_keeps_its_thread(tm
 
 def test_start_is_idempotent_and_publishing_after_close_is_counted():
     sink = MemorySink()
-    pub = Publisher([sink], adapters=GRPO_ADAPTERS, background=False)
+    pub = Publisher([sink], adapters=GRPO_ADAPTERS, mode="inline")
     run = pub.start({"a": 1})
     with pytest.warns(UserWarning, match="called again"):
         assert pub.start({"b": 2}) is run

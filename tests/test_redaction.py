@@ -402,7 +402,7 @@ def test_a_run_name_holding_a_secret_is_redacted_wherever_it_is_shown(
     console = io.StringIO()
     journal = tmp_path / "journal.jsonl"
     pub = Publisher([JournalSink(journal), ConsoleSink(stream=console, min_interval=0)], adapters="grpo",
-                    run_name=f"grpo-{secret}", background=False)
+                    run_name=f"grpo-{secret}", mode="inline")
     pub.start({})
     pub.publish(Frame(1, {"train/kl_max": 0.5}, "train", 1.0))
     pub.close()
@@ -437,7 +437,7 @@ def test_what_trackers_store_besides_the_config_is_redacted_and_read_back(
                         tags={"team": "rl", "ci_token": "Pw25-ci-token", "repo": "https://ci:Pw25-repo@git.internal/rl.git"})
     wandb_sink = WandbSink(project="fields", dir=tmp_path, mode="offline", settings={"quiet": True},
                            tags=["grpo", token], group="redis://:Pw25-group@cache:6379", notes="HF_TOKEN=Pw25-notes lr 1e-6")
-    pub = Publisher([mlflow, wandb_sink], adapters="grpo", run_name=f"grpo-{token}", background=False)
+    pub = Publisher([mlflow, wandb_sink], adapters="grpo", run_name=f"grpo-{token}", mode="inline")
     pub.start({"lr": 1e-6})
     pub.publish(Frame(1, {"train/kl_max": 0.5}, "train", 1.0))
     handles = pub.run_handles()["mlflow"]
@@ -468,7 +468,7 @@ def test_mlflows_param_name_warning_shows_no_secret_used_as_a_key(tmp_path: Any)
 
     secret = "Pw25-mirror-key-pass"
     sink = MlflowSink(dir=tmp_path, experiment="keys")
-    pub = Publisher([sink], adapters="grpo", background=False)
+    pub = Publisher([sink], adapters="grpo", mode="inline")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         pub.start({"mirrors": {f"https://mirror:{secret}@pypi.internal/simple": "eu"}})

@@ -220,7 +220,6 @@ class Publisher:
         mode: str = "process",
         close_timeout: float = 300.0,
         imports: Sequence[str] = (),
-        background: bool | None = None,
     ) -> None:
         self.sinks = sorted(sinks, key=lambda s: s.name != "journal")  # the journal first
         names = [s.name for s in self.sinks]
@@ -230,8 +229,6 @@ class Publisher:
                 f"two sinks are named {twice}: sinks are told apart by name; fix: give one of them another "
                 "name (set its `name` attribute) or publish to one backend per kind"
             )
-        if background is not None:  # the pre-follower switch: False meant every sink inline
-            mode = mode if background else "inline"
         if mode not in MODES:
             raise MetricsError(f"Publisher mode={mode!r}; fix: use one of {list(MODES)}")
         if not (isinstance(close_timeout, (int, float)) and close_timeout >= 0):
