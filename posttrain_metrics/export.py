@@ -36,7 +36,8 @@ from .integrations.base import Sink
 from .integrations.factory import run_path
 from .integrations.mlflow import mlflow_run
 from .journal import Journal, JournalOnDisk, Record
-from .publication.follower import STATUSES, Replica
+from .publication.follower import STATUSES
+from .publication.replica import Replica
 
 __all__ = ["export", "log_path"]
 
@@ -243,16 +244,14 @@ def _replay(journal: AnyJournal, to: str, target: str | None, *, quiet: bool, ba
         replica.feed(Record("gap", gap=gap) for gap in journal.gaps)  # the steps the journal misses, as live
         replica.flush()
     finally:
-        started = replica.publisher is not None and replica.publisher.run is not None
-        if started:  # a target that lacked nothing is left as it is
+        if replica.started:  # a target that lacked nothing is left as it is
             replica.end, replica.end_reason = status, str(journal.end.get("reason", "")) if journal.end else ""
             replica.close(status if status in STATUSES else "finished")
         progress.done()
     if replica.written == 0 and replica.gaps_written == 0:
         print(f"nothing to export: all {total} frames of run {journal.run_id} are already in {where}", file=out)
         return 0
-    pub = replica.publisher
-    failures = pub.failures if pub is not None else {}
+    failures = {sink.name: replica.failures} if replica.failures else {}
     lost = {name: n for name in ("unconfirmed", "rejected") if (n := getattr(sink, name, 0))}
     if failures or lost:
         raise MetricsError(

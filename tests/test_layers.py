@@ -66,7 +66,6 @@ def test_no_import_goes_up_a_layer() -> None:
     assert not up, "imports from a lower layer to a higher one:\n" + "\n".join(up)
 
 
-@pytest.mark.xfail(strict=True, reason="publisher <-> follower: issue 26 item 1 splits the dispatcher out")
 def test_import_graph_has_no_cycle() -> None:
     graph = _graph()
     done: set[str] = set()
@@ -106,8 +105,6 @@ ONE_JOB = {
     "integrations/mlflow.py": "TO SPLIT (issue 26 item 5)",
     "core/layout.py": "the packed buffer layout of one collective: one job",
     "core/redact.py": "the redaction rules: one job",
-    "publication/publisher.py": "TO SPLIT (issue 26 item 1)",
-    "publication/follower.py": "TO SPLIT (issue 26 item 1)",
 }
 
 

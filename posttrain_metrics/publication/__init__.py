@@ -7,6 +7,7 @@ the code that ``posttrain-metrics export`` uses (:class:`.follower.Replica`).
 
 from __future__ import annotations
 
-from .publisher import MODES, Publisher, display_frame, nonfinite_kind
+from .display import display_frame, nonfinite_kind
+from .publisher import MODES, Publisher
 
 __all__ = ["MODES", "Publisher", "display_frame", "nonfinite_kind"]
