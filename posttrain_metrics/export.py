@@ -252,7 +252,7 @@ def _replay(journal: AnyJournal, to: str, target: str | None, *, quiet: bool, ba
         print(f"nothing to export: all {total} frames of run {journal.run_id} are already in {where}", file=out)
         return 0
     failures = {sink.name: replica.failures} if replica.failures else {}
-    lost = {name: n for name in ("unconfirmed", "rejected") if (n := getattr(sink, name, 0))}
+    lost = {name: n for name, n in (("unconfirmed", sink.unconfirmed), ("rejected", sink.rejected)) if n}
     if failures or lost:
         raise MetricsError(
             f"export to {where} is incomplete (failures {failures}, {lost}); run it "

@@ -49,7 +49,7 @@ from .core.redact import flatten_config
 from .core.reducer import resolve_adapters
 from .core.values import MAX_EXACT_INT, Scalar
 from .core.warn import warn as emit_warning
-from .integrations.base import RunInfo
+from .integrations.base import RunInfo, Sink
 from .integrations.factory import run_path
 from .lines import LineFile
 
@@ -273,7 +273,7 @@ def _refusal(path: Path, run_id: str, holders: list[dict[str, Any]]) -> str:
             f"would take its journal and the two would mix (lock {path}); {how}")
 
 
-class JournalSink:
+class JournalSink(Sink):
     """Appends one line per frame to ``path`` (JSONL) and flushes it.
 
     The header carries the redacted config; ``close`` writes an end line with the run's status.
@@ -494,7 +494,8 @@ class JournalSink:
         self._held.clear()
         self._held_bytes = 0
 
-    def close(self, *, failed: bool = False, interrupted: bool = False, reason: str = "") -> None:
+    def close(self, *, failed: bool = False, killed: bool = False, interrupted: bool = False,
+              reason: str = "") -> None:
         """Write the end record: status ``interrupted`` (Ctrl-C), ``failed`` or ``finished``, the
         ``reason`` when one is given (the exception's type and message, redacted by the publisher) and
         the gaps (``missing``)."""

@@ -12,8 +12,6 @@ from __future__ import annotations
 import ast
 import pathlib
 
-import pytest
-
 import posttrain_metrics
 
 PACKAGE = pathlib.Path(posttrain_metrics.__file__).parent

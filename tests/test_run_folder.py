@@ -25,6 +25,7 @@ from _runs import pid_alive, wait_for
 from posttrain_metrics import MetricsError
 from posttrain_metrics.callbacks import MetricsCallback
 from posttrain_metrics.cli import main
+from posttrain_metrics.integrations.base import Sink
 from posttrain_metrics.integrations.mlflow import RUN_ID_TAG
 from posttrain_metrics.journal import read_journal
 from posttrain_metrics.samples import read_samples
@@ -198,8 +199,9 @@ def test_in_thread_mode_the_run_holds_its_folder_until_the_follower_thread_is_do
 # -- 9. a re-run moves everything of the previous run with its journal --------------------------------
 
 
-class Attaching:
-    """A tracker that takes files, so that the publisher writes the run's record."""
+class Attaching(Sink):
+    """A tracker that takes files, so that the publisher writes the run's record (an optional hook:
+    a subclass of Sink)."""
 
     name = "attaching"
     stores_nonfinite = frozenset({"nan", "inf"})

@@ -84,7 +84,7 @@ from ..core.reduction import Reduction
 from ..core.summary import RunSummary
 from ..core.values import Scalar
 from ..core.warn import warn
-from .base import Points, RunInfo
+from .base import Points, RunInfo, Sink
 from .factory import run_path, safe_name
 
 __all__ = [
@@ -666,7 +666,7 @@ class _Encoding:
         return struct.Struct(fmt), args
 
 
-class TensorBoardSink:
+class TensorBoardSink(Sink):
     """Writes a run to TensorBoard event files under ``log_dir`` (see the module docstring).
 
     ``log_dir`` is the run's own directory (point TensorBoard at its parent to compare runs);
@@ -678,6 +678,8 @@ class TensorBoardSink:
     """
 
     name = "tensorboard"
+    config_type = "tensorboard"  # rebuilt from its options in the publisher process
+    path_options = ("log_dir",)
     stores_nonfinite = frozenset({"nan", "inf"})
 
     def __init__(
@@ -910,11 +912,6 @@ class TensorBoardSink:
             self._write_hparams(self._run, self._summary, self.path, status, reason)
 
     # -- the publisher process ---------------------------------------------------------------------
-
-    def to_config(self) -> dict[str, Any]:
-        """This sink as a config (what the publisher process builds it from)."""
-        return {"type": "tensorboard", "log_dir": os.path.abspath(str(self.log_dir)), "flush": self.flush,
-                "layout": self.layout, "hparams": self.hparams}
 
     def held_points(self, run_id: str, name: str, keys: Iterable[str]) -> Any:
         """The (tag, step) points the log dir already holds (read back with ``EventAccumulator``)."""

@@ -30,7 +30,7 @@ from ..core.keys import KeyInfo
 from ..core.redact import config_tree, flatten_config, redact_text
 from ..core.values import Scalar
 from ..core.warn import warn
-from ..integrations.base import RunInfo, Sink, tracker_settings
+from ..integrations.base import RunInfo, Sink, as_sink, tracker_settings
 from ..journal import MAX_HEADER_DEPTH, SAFE_RUN_ID, nesting
 from .display import display_frame, nonfinite_kind
 
@@ -79,13 +79,12 @@ class SinkSet:
     key the run can publish (for the label indicators)."""
 
     def __init__(self, sinks: Sequence[Sink], keys: Mapping[str, KeyInfo]) -> None:
-        self.sinks = list(sinks)
+        self.sinks = [as_sink(s) for s in sinks]
         self.keys = keys
         self.run: RunInfo | None = None
         self.failures: dict[str, int] = {}
         self.unstarted: set[str] = set()  # sinks whose start() failed: skipped, the journal has all
         self._nonfinite: dict[tuple[str, str], int] = {}
-        self._close_kw: dict[str, frozenset[str]] = {}  # per sink, the keywords its close() takes
 
     def start(self, run: RunInfo) -> None:
         """Start every sink with ``run``; one that fails is ``unstarted`` (warned once). A requested
@@ -110,7 +109,7 @@ class SinkSet:
                 continue
             if not frame.metrics:
                 continue
-            if getattr(sink, "raw_frames", False):  # the console: labels as text, no indicator series
+            if sink.raw_frames:  # the console: labels as text, no indicator series
                 self.call(sink, "write", self._for(sink, frame))
                 continue
             if shown is None:
@@ -148,24 +147,11 @@ class SinkSet:
         return Frame(frame.step, metrics, frame.phase, frame.wall_time)
 
     def close_sink(self, sink: Sink, status: str, reason: str) -> None:
-        """``sink.close`` with the run's end: ``failed`` for any end but ``finished``; ``killed`` or
-        ``interrupted`` and ``reason`` to a sink whose ``close`` takes them (it shows them its own way;
-        any other gets the nearest, failed)."""
-        import inspect
-
-        takes = self._close_kw.get(sink.name)
-        if takes is None:
-            try:
-                takes = frozenset(inspect.signature(sink.close).parameters)
-            except (TypeError, ValueError):
-                takes = frozenset()
-            self._close_kw[sink.name] = takes
-        kwargs: dict[str, Any] = {"failed": status != "finished"}
-        if status in ("killed", "interrupted") and status in takes:
-            kwargs[status] = True
-        if reason and "reason" in takes:
-            kwargs["reason"] = reason
-        self.call(sink, "close", **kwargs)
+        """``sink.close`` with the run's end ``status`` (one of ``finished``, ``failed``, ``interrupted``,
+        ``killed``): ``failed`` for any end but ``finished``, and ``killed`` or ``interrupted`` saying which
+        (:meth:`Sink.close <posttrain_metrics.integrations.base.Sink.close>`)."""
+        self.call(sink, "close", failed=status != "finished", killed=status == "killed",
+                  interrupted=status == "interrupted", reason=reason)
 
     def call(self, sink: Sink, method: str, *args: Any, **kwargs: Any) -> bool:
         """``sink.<method>(...)`` with this set's failure policy (warned once, never raised); whether

@@ -75,7 +75,7 @@ def _step(replica: Replica) -> int:
 def _attach_record(journal: Path, replicas: Sequence[Replica]) -> None:
     """The run's record, written once, handed to each started sink that takes files (``attach``)."""
     takers = [r for r in replicas if r.dispatch is not None and r.dispatch.run is not None and not r.closed
-              and callable(getattr(r.sink, "attach", None)) and r.sink.name not in r.dispatch.unstarted]
+              and r.sink.takes_files and r.sink.name not in r.dispatch.unstarted]
     if not takers:
         return
     from .artifacts import write_record

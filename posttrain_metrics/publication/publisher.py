@@ -48,8 +48,8 @@ from ..core.keys import describe
 from ..core.redact import redact_text
 from ..core.reducer import AdapterSpec, resolve_adapters
 from ..core.warn import warn
-from ..integrations.base import RunInfo, Sink
-from ..journal import journal_closed
+from ..integrations.base import RunInfo, Sink, as_sink
+from ..journal import JournalSink, journal_closed
 from .dispatch import SinkSet, checked_run_id, run_info
 from .dispatch import run_name as run_name_of
 from .display import display_frame, nonfinite_kind
@@ -127,7 +127,7 @@ class Publisher:
         close_timeout: float = 300.0,
         imports: Sequence[str] = (),
     ) -> None:
-        self.sinks = sorted(sinks, key=lambda s: s.name != "journal")  # the journal first
+        self.sinks = sorted(map(as_sink, sinks), key=lambda s: s.name != "journal")  # the journal first
         names = [s.name for s in self.sinks]
         if len(set(names)) != len(names):
             twice = sorted({n for n in names if names.count(n) > 1})
@@ -152,8 +152,7 @@ class Publisher:
 
         # Which sink is written where.
         journal = next((s for s in self.sinks if s.name == "journal"), None)
-        where: Any = getattr(journal, "path", None)
-        self.journal_path: Path | None = Path(where) if where is not None else None
+        self.journal_path: Path | None = journal.path if isinstance(journal, JournalSink) else None
         if mode != "inline" and self.journal_path is None:
             mode = "inline"  # no journal, no queue
         self.mode = mode
@@ -177,9 +176,9 @@ class Publisher:
             mode = "thread"
             self.mode = mode
         for sink in self.sinks:
-            if mode == "inline" or getattr(sink, "inline", False):
+            if mode == "inline" or sink.inline:
                 self.inline.append(sink)
-            elif mode == "process" and callable(getattr(sink, "to_config", None)):
+            elif mode == "process" and sink.to_config() is not None:
                 self.in_child.append(sink)
             else:
                 self.in_process.append(sink)
@@ -239,7 +238,7 @@ class Publisher:
 
             configs = []
             for sink in self.in_child:
-                config = dict(sink.to_config())  # type: ignore[attr-defined]
+                config = sink.to_config() or {}
                 if sink.name != type(sink).name:  # two sinks of one kind, told apart by name
                     config["name"] = sink.name
                 configs.append(config)
@@ -271,7 +270,7 @@ class Publisher:
     def _run_lock(self) -> Any:
         """The journal's run lock (:class:`~posttrain_metrics.journal.RunLock`), when it holds one."""
         journal = next((s for s in self.inline if s.name == "journal"), None)
-        return getattr(journal, "lock", None)
+        return journal.lock if isinstance(journal, JournalSink) else None
 
     def _at_exit(self) -> None:
         # An uncaught exception leaves sys.last_value (sys.last_exc from 3.12) set by the time
@@ -400,9 +399,9 @@ class Publisher:
 
         out: dict[str, dict[str, Any]] = {}
         for sink in self.inline:
-            get = getattr(sink, "run_handles", None)
-            if get is not None and self.run is not None:
-                out[sink.name] = dict(get())
+            handles = sink.run_handles() if self.run is not None else {}
+            if handles:
+                out[sink.name] = dict(handles)
         if self.in_child or self.in_process:
             for name, info in self._report().get("sinks", {}).items():
                 if info.get("handles"):

@@ -13,7 +13,7 @@ export`` both use it.
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from ..core.keys import KeyInfo, describe
 from ..core.redact import redact_tree
 from ..core.reducer import resolve_adapters
 from ..core.warn import warn
-from ..integrations.base import Points, Sink
+from ..integrations.base import Points, Sink, as_sink
 from ..journal import JournalTail, Record, header_adapters, last_header
 from ..samples import SamplesTail, samples_path
 from .backoff import Backoff
@@ -76,11 +76,8 @@ class Pending:
 def held_points(sink: Sink, run_id: str, name: str, keys: Iterable[str]) -> Points:
     """What ``sink``'s target already holds of run ``run_id`` (before ``start``); empty for a sink
     that cannot be read back (every frame is then sent)."""
-    held: Callable[[str, str, Iterable[str]], Points] | None = getattr(sink, "held_points", None)
-    if held is None:
-        return collections.Counter()
     try:
-        return held(run_id, name, keys)
+        return sink.held_points(run_id, name, keys)
     except ImportError:
         raise  # a requested backend that is not installed is an error
     except Exception as exc:  # a tracker down at the start: it is sent everything (see below)
@@ -141,7 +138,7 @@ class Replica:
         self.path = path
         self.adapters = adapters  # the run's adapter objects (in process); else by name from the header
         self.lazy = lazy  # start the sink at the first frame it lacks, not at the header
-        self.sink = sink
+        self.sink = as_sink(sink)
         self.batch = batch
         self.tail = JournalTail(path)
         self.samples = SamplesTail(samples_path(path))  # the completions beside the journal, if any
@@ -169,8 +166,7 @@ class Replica:
         here when due), nor while an MLflow sink holds a full backlog."""
         if self.waiting and not self._restart():
             return False
-        probe: Callable[[], bool] | None = getattr(self.sink, "ready", None)
-        return probe() if probe is not None else True
+        return self.sink.ready()
 
     def step(self) -> int:
         """Read and publish what has accumulated (at most ``batch`` lines); the records handled."""
@@ -191,7 +187,7 @@ class Replica:
         sinks = self.dispatch
         if sinks is None or sinks.run is None or self.sink.name in sinks.unstarted:
             return
-        if not callable(getattr(self.sink, "write_samples", None)):
+        if not self.sink.takes_samples:
             return
         for samples in self.samples.read():
             if samples.run_id and samples.run_id != self.run_id:
@@ -286,17 +282,15 @@ class Replica:
         if not self.retry.due():
             return False
         run, name = self.dispatch.run, self.sink.name
-        held: Callable[[str, str, Iterable[str]], Points] | None = getattr(self.sink, "held_points", None)
         try:
-            existing = held(run.run_id, run.name, self._read_keys()) if held is not None else None
+            existing = self.sink.held_points(run.run_id, run.name, self._read_keys())
             self.sink.start(run)
         except ImportError:
             raise  # a requested backend that is not installed is an error
         except Exception:  # still down: warned at the first failure, counted there once
             self.retry.failed()
             return False
-        if existing is not None:
-            self.pending = Pending(existing, self.dispatch.keys, self.sink.stores_nonfinite) if existing else None
+        self.pending = Pending(existing, self.dispatch.keys, self.sink.stores_nonfinite) if existing else None
         self.waiting = False
         self.dispatch.unstarted.discard(name)
         warn(f"{name}: started on attempt {self.retry.failures + 1}, {self.retry.waited():.0f} s after its "
@@ -309,8 +303,7 @@ class Replica:
         self._flush()
 
     def _flush(self) -> None:
-        end: Callable[[], None] | None = getattr(self.sink, "end_batch", None)
-        if end is not None and self.dispatch is not None and self.sink.name not in self.dispatch.unstarted:
+        if self.dispatch is not None and self.sink.name not in self.dispatch.unstarted:
             self.dispatch.call(self.sink, "end_batch")
 
     def close(self, status: str) -> None:
@@ -325,8 +318,7 @@ class Replica:
     def handles(self) -> dict[str, Any]:
         """The tracker's own names for this run (W&B run id and URL, MLflow run id, log dir), redacted:
         they go to the status file, which other users may read (a tracking URI may hold a password)."""
-        get: Callable[[], dict[str, Any]] | None = getattr(self.sink, "run_handles", None)
-        return dict(redact_tree(get())) if get is not None and self.dispatch is not None else {}
+        return dict(redact_tree(self.sink.run_handles())) if self.dispatch is not None else {}
 
     @property
     def started(self) -> bool:
