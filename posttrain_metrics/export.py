@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import os
 import sys
 import time
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import TextIO, TypeVar, Union
 
 from .core.errors import MetricsError
+from .core.log import LOGGER, line
 from .core.redact import redact_text
 from .integrations.base import Sink
 from .integrations.factory import run_path
@@ -189,10 +191,13 @@ def _trackers_quiet(log: Path) -> Iterator[tuple[TextIO, TextIO]]:
         shown(message, category, filename, lineno, err if not vendor and file is None else file, line)
 
     warnings.showwarning = show
+    ours = _Terminal(err)  # our log records (a value a tracker cannot hold...) on the terminal too
+    logging.getLogger(LOGGER).addHandler(ours)
     try:
         print(f"tracker logs (W&B, MLflow output): {log}", file=out)
         yield out, err
     finally:
+        logging.getLogger(LOGGER).removeHandler(ours)
         warnings.showwarning = shown
         sys.stdout.flush()
         sys.stderr.flush()
@@ -202,6 +207,18 @@ def _trackers_quiet(log: Path) -> Iterator[tuple[TextIO, TextIO]]:
             os.close(fd)
         out.close()
         err.close()
+
+
+class _Terminal(logging.Handler):
+    """The package's log records, one line each, on the terminal's stream while fds 1 and 2 go to the log."""
+
+    def __init__(self, stream: TextIO) -> None:
+        super().__init__()
+        self.stream = stream
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self.stream.write(f"posttrain-metrics: {line(record)}\n")
 
 
 def export(journal: AnyJournal, to: str, target: str | None = None, *, quiet: bool = False, batch: int = 512,

@@ -599,7 +599,7 @@ def test_event_bytes_equal_tensorboards_own_protos_and_read_back_like_its_writer
 
 
 
-def test_a_write_that_fails_on_the_writer_thread_is_the_sinks_failure_not_a_hang(tmp_path, monkeypatch):
+def test_a_write_that_fails_on_the_writer_thread_is_the_sinks_failure_not_a_hang(tmp_path, monkeypatch, caplog):
     # A disk that fills up mid-run: the writer thread's OSError reaches the publisher (warned once,
     # counted), the run closes without hanging, and what was written before the failure reads back.
     from posttrain_metrics.integrations import tensorboard as tb_module
@@ -634,7 +634,7 @@ def test_a_write_that_fails_on_the_writer_thread_is_the_sinks_failure_not_a_hang
         for frame in frames[3:]:
             pub.publish(frame)
         pub.close()
-    said = [str(w.message) for w in caught if "tensorboard" in str(w.message)]
+    said = [m for m in [str(w.message) for w in caught] + caplog.messages if "tensorboard" in m]  # logged: degraded
     assert len(said) == 1 and "No space left on device" in said[0], said
     assert pub.failures.get("tensorboard", 0) >= 1
     assert [e.step for e in load(sink.path).Scalars("train/loss_avg")] == [1, 2, 3]

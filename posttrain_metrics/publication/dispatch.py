@@ -7,12 +7,15 @@ of the publisher holds one for its tracker. The policy, in one place:
 - a frame is normalised once for the trackers (:func:`~.display.display_frame`: label indicators,
   bools as 0/1); the journal gets it exactly as reduced, a ``raw_frames`` sink (the console) too;
 - non-finite values a backend cannot store faithfully (outside its ``stores_nonfinite``) are removed
-  for that backend and counted under ``health/nonfinite/<key>``, with one warning per key;
+  for that backend and counted under ``health/nonfinite/<key>``, logged once per key;
 - a frame with no metrics (an empty window) goes to the journal only;
-- a sink that raises is counted in ``failures``, warned about once, and never stops training or the
+- a sink that raises is counted in ``failures``, logged once, and never stops training or the
   other sinks; a sink whose ``start`` failed is ``unstarted`` and skipped (the journal has its frames).
   Two errors do stop: a requested backend that is not installed (``ImportError`` at ``start``), and
   the journal refusing the run (``MetricsError`` at its ``start``).
+
+What is logged goes to the ``posttrain_metrics.publication`` logger (:mod:`~posttrain_metrics.core.log`):
+an operational message, not a misuse to fix.
 """
 
 from __future__ import annotations
@@ -23,18 +26,20 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..core.errors import MetricsError, user_stacklevel
+from ..core.errors import MetricsError
 from ..core.extra import UserKeys, declarations
 from ..core.frame import Frame
 from ..core.keys import KeyInfo
+from ..core.log import get_logger
 from ..core.redact import config_tree, flatten_config, redact_text
 from ..core.values import Scalar
-from ..core.warn import warn
 from ..integrations.base import RunInfo, Sink, as_sink, tracker_settings
 from ..journal import MAX_HEADER_DEPTH, SAFE_RUN_ID, nesting
 from .display import display_frame, nonfinite_kind
 
 __all__ = ["SinkSet", "checked_run_id", "run_info", "run_name"]
+
+log = get_logger("publication")
 
 
 def checked_run_id(run_id: str | None) -> str:
@@ -87,13 +92,13 @@ class SinkSet:
         self._nonfinite: dict[tuple[str, str], int] = {}
 
     def start(self, run: RunInfo) -> None:
-        """Start every sink with ``run``; one that fails is ``unstarted`` (warned once). A requested
+        """Start every sink with ``run``; one that fails is ``unstarted`` (logged once). A requested
         backend that is not installed, or the journal refusing the run, raises (nothing to close)."""
         self.run = run
         for sink in self.sinks:
             try:
                 if not self.call(sink, "start", run):
-                    self.unstarted.add(sink.name)  # warned once; its frames stay in the journal
+                    self.unstarted.add(sink.name)  # logged once; its frames stay in the journal
             except MetricsError:  # the journal refused the run (see call): nothing started, nothing to close
                 self.run = None
                 raise
@@ -137,10 +142,9 @@ class SinkSet:
                 continue
             counter = (sink.name, key)
             if counter not in self._nonfinite:
-                warn(
+                log.warning(
                     f"{sink.name}: {key} = {value} cannot be stored faithfully by this backend; "
                     f"skipped and counted under health/nonfinite/{key} (the journal keeps the value)",
-                    stacklevel=user_stacklevel(),
                 )
             self._nonfinite[counter] = self._nonfinite.get(counter, 0) + 1
             metrics[f"health/nonfinite/{key}"] = self._nonfinite[counter]
@@ -154,7 +158,7 @@ class SinkSet:
                   interrupted=status == "interrupted", reason=reason)
 
     def call(self, sink: Sink, method: str, *args: Any, **kwargs: Any) -> bool:
-        """``sink.<method>(...)`` with this set's failure policy (warned once, never raised); whether
+        """``sink.<method>(...)`` with this set's failure policy (logged once, never raised); whether
         it succeeded."""
         try:
             getattr(sink, method)(*args, **kwargs)
@@ -179,10 +183,9 @@ class SinkSet:
                 if sink.name == "journal"
                 else "the journal keeps every frame for `posttrain-metrics export`"
             )
-            warn(
+            log.warning(
                 f"sink {sink.name!r} failed in {method}() and is degraded: {type(exc).__name__}: "
                 f"{redact_text(str(exc))}. "
                 f"Training continues; {where}.",
-                stacklevel=user_stacklevel(),
             )
         return False

@@ -39,7 +39,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..core.warn import warn
+from ..core.log import get_logger
 from ..integrations.base import Points, Sink
 from ..journal import JournalTail, Record, journal_closed
 from .backoff import Backoff
@@ -48,6 +48,8 @@ from .status import status_path, write_status
 
 __all__ = ["MISSING_STEPS", "MISSING_STEP_RANGES", "STATUSES", "TRIM_EVERY", "JournalTail", "MissingSteps", "Pending", "Points", "Record", "Replica", "follow", "heap_trimmer",
            "held_points", "status_path", "write_status"]
+
+log = get_logger("publication")
 
 STATUSES = ("finished", "failed", "interrupted", "killed")
 """A run's end status: closed normally, closed because training raised, closed because it was
@@ -66,9 +68,8 @@ def _step(replica: Replica) -> int:
         replica.closed = True
         replica.end = replica.end or "failed"
         replica.failed()
-        warn(f"{replica.sink.name}: publishing stopped ({type(exc).__name__}: {str(exc)[:300]}); the other "
-             f"trackers go on and the journal keeps every frame for `posttrain-metrics export`",
-             stacklevel=2)
+        log.warning(f"{replica.sink.name}: publishing stopped ({type(exc).__name__}: {str(exc)[:300]}); the other "
+                    f"trackers go on and the journal keeps every frame for `posttrain-metrics export`")
         return 0
 
 
@@ -83,8 +84,8 @@ def _attach_record(journal: Path, replicas: Sequence[Replica]) -> None:
     try:
         files = write_record(journal)
     except Exception as exc:  # never in the way of closing the trackers
-        warn(f"{journal}: the run's record could not be written ({type(exc).__name__}: {exc}); the "
-             "trackers close without it", stacklevel=2)
+        log.warning(f"{journal}: the run's record could not be written ({type(exc).__name__}: {exc}); the "
+                    "trackers close without it")
         return
     for r in takers:
         assert r.dispatch is not None
@@ -97,14 +98,14 @@ def _given_up(replica: Replica, grace: float) -> None:
     with the command that sends the rest."""
     name = replica.sink.name
     if replica.waiting and replica.retry is not None:
-        warn(f"{name}: never started ({replica.retry.failures} attempts over {replica.retry.waited():.0f} s; "
-             f"its tracker could not be reached), so it was sent no frame of this run. `{finish_command(replica)}` "
-             "sends them all", stacklevel=3)
+        log.warning(f"{name}: never started ({replica.retry.failures} attempts over {replica.retry.waited():.0f} s; "
+                    f"its tracker could not be reached), so it was sent no frame of this run. `{finish_command(replica)}` "
+                    "sends them all")
         return
     replica.failed()
-    warn(f"{name}: its tracker took no frame for {grace:g} s after the run ended; the frames of the journal "
-         f"from line {replica.tail.line_number + 1} on were not sent to it. `{finish_command(replica)}` "
-         "sends what it lacks", stacklevel=3)
+    log.warning(f"{name}: its tracker took no frame for {grace:g} s after the run ended; the frames of the journal "
+                f"from line {replica.tail.line_number + 1} on were not sent to it. `{finish_command(replica)}` "
+                "sends what it lacks")
 
 
 def finish_command(replica: Replica) -> str:
@@ -306,6 +307,6 @@ def follow(
     if report:
         write_status(where, final)
     if status == "killed":
-        warn(f"{journal}: the trainer stopped without closing the run; the trackers hold every frame "
-             f"of the journal and mark the run killed", stacklevel=2)
+        log.warning(f"{journal}: the trainer stopped without closing the run; the trackers hold every frame "
+                    f"of the journal and mark the run killed")
     return final

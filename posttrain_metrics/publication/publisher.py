@@ -3,8 +3,9 @@
 The publisher normalises a frame once for the sinks: categorical keys gain one 0/1 indicator series
 per label (``optim/update_outcome/skipped``) so that outcomes chart in every tracker, bools become
 0/1, and non-finite values a backend cannot store faithfully are removed for that backend and
-counted under ``health/nonfinite/<key>`` with one warning per key. The journal gets the frame
-exactly as reduced. A sink that raises is warned about once and never stops training or the others.
+counted under ``health/nonfinite/<key>``, logged once per key. The journal gets the frame
+exactly as reduced. A sink that raises is logged once and never stops training or the others
+(:mod:`.dispatch`; operational messages go to the ``posttrain_metrics`` logger, warnings are for misuse).
 
 A frame with no metrics (``reduce`` with no ``add`` on any rank: an empty window) is written to the
 journal only, so the record shows the step ran with no data; no other sink receives it (there is
@@ -45,6 +46,7 @@ from ..core.errors import MetricsError, user_stacklevel
 from ..core.extra import UserKeys
 from ..core.frame import Frame
 from ..core.keys import describe
+from ..core.log import get_logger
 from ..core.redact import redact_text
 from ..core.reducer import AdapterSpec, resolve_adapters
 from ..core.warn import warn
@@ -56,6 +58,8 @@ from .display import display_frame, nonfinite_kind
 from .status import read_status
 
 __all__ = ["MODES", "Publisher", "display_frame", "end_reason", "nonfinite_kind"]
+
+log = get_logger("publication")
 
 MODES = ("process", "thread", "inline")
 
@@ -258,8 +262,8 @@ class Publisher:
                     self._thread_result.update(follow(path, sinks, stop=self._stop, report=report,
                                                       adapters=adapters))
                 except Exception as exc:  # a follower bug never stops training: the journal has all
-                    warn(f"the in-process publisher stopped: {type(exc).__name__}: {exc}; the journal "
-                         f"keeps every frame: `posttrain-metrics export {path} --to ...`", stacklevel=1)
+                    log.warning(f"the in-process publisher stopped: {type(exc).__name__}: {exc}; the journal "
+                                f"keeps every frame: `posttrain-metrics export {path} --to ...`")
                 finally:
                     if held is not None:
                         held.release()
@@ -338,21 +342,21 @@ class Publisher:
             self._thread.join(self.close_timeout)
             if self._thread.is_alive():
                 self._stop.set()
-                warn(
+                log.warning(
                     f"the in-process publisher did not finish within close_timeout={self.close_timeout:g} s; "
-                    f"{self._left()}", stacklevel=user_stacklevel())
+                    f"{self._left()}")
         if self._thread is not None and not self._thread.is_alive():
             self._merge(self._thread_result)
         if self.process is not None:
             if not self.process.wait(max(0.0, deadline - time.monotonic())):
-                warn(
+                log.warning(
                     f"the publisher process (pid {self.process.pid}) did not finish within close_timeout="
                     f"{self.close_timeout:g} s; {self._left()}. It goes on in the background and closes the "
                     f"trackers when done; if it is stopped, `{self.process.command()}` finishes it "
-                    "(it sends only what the trackers lack)", stacklevel=user_stacklevel())
+                    "(it sends only what the trackers lack)")
             elif self.process.returncode:
-                warn(f"the publisher process exited with status {self.process.returncode}; "
-                     f"{self._left()}; `{self.process.command()}` finishes it", stacklevel=user_stacklevel())
+                log.warning(f"the publisher process exited with status {self.process.returncode}; "
+                            f"{self._left()}; `{self.process.command()}` finishes it")
             else:
                 self._merge(self._report())
         self._warn_unstarted()
@@ -367,9 +371,8 @@ class Publisher:
                else f"`posttrain-metrics export {self.journal_path} --to KIND [TARGET]` replays them into a tracker")
         when = "at its start and at every retry" if self.process is not None or self._thread is not None else (
             "at its start; an inline sink's start is not retried")
-        warn(f"tracker(s) {never} never started during the run (unreachable {when}); they hold none of its "
-             f"frames, which the journal keeps: {fix}",
-             stacklevel=user_stacklevel())
+        log.warning(f"tracker(s) {never} never started during the run (unreachable {when}); they hold none of its "
+                    f"frames, which the journal keeps: {fix}")
 
     def _merge(self, report: Mapping[str, Any]) -> None:
         """The followers' failures and unstarted sinks, counted here as if written here."""
@@ -427,5 +430,5 @@ class Publisher:
         return self.dispatch.unstarted
 
     def call(self, sink: Sink, method: str, *args: Any, **kwargs: Any) -> bool:
-        """``sink.<method>(...)`` with this publisher's failure policy (warned once, never raised)."""
+        """``sink.<method>(...)`` with this publisher's failure policy (logged once, never raised)."""
         return self.dispatch.call(sink, method, *args, **kwargs)

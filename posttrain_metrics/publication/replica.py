@@ -20,9 +20,9 @@ from typing import Any
 from ..core.errors import MetricsError
 from ..core.frame import Frame
 from ..core.keys import KeyInfo, describe
+from ..core.log import get_logger
 from ..core.redact import redact_tree
 from ..core.reducer import resolve_adapters
-from ..core.warn import warn
 from ..integrations.base import Points, Sink, as_sink
 from ..journal import JournalTail, Record, header_adapters, last_header
 from ..samples import SamplesTail, samples_path
@@ -31,6 +31,8 @@ from .dispatch import SinkSet, checked_run_id, run_info, run_name
 from .display import display_frame, nonfinite_kind
 
 __all__ = ["GAP_PHASE", "MISSING_STEPS", "MISSING_STEP_RANGES", "MissingSteps", "Pending", "Replica", "held_points"]
+
+log = get_logger("publication")
 
 
 # -- what a target already holds --------------------------------------------------------------------
@@ -81,11 +83,10 @@ def held_points(sink: Sink, run_id: str, name: str, keys: Iterable[str]) -> Poin
     except ImportError:
         raise  # a requested backend that is not installed is an error
     except Exception as exc:  # a tracker down at the start: it is sent everything (see below)
-        warn(
+        log.warning(
             f"{sink.name}: could not read back what it already holds of run {run_id} ({type(exc).__name__}: "
             f"{str(exc)[:200]}); every frame of the journal is sent to it (MLflow ignores a point it holds "
             "already; a TensorBoard dir that cannot be read would get duplicates)",
-            stacklevel=2,
         )
         return collections.Counter()
 
@@ -271,9 +272,9 @@ class Replica:
             if self.retry is not None and not self.lazy and self.sink.name in self.dispatch.unstarted:
                 self.waiting = True
                 wait = self.retry.failed()
-                warn(f"{self.sink.name}: its start is retried in {wait:g} s, then with a doubling delay up "
-                     f"to {self.retry.limit:g} s until it starts; it then gets every frame of the journal "
-                     "it lacks (the trackers that started go on meanwhile)", stacklevel=2)
+                log.warning(f"{self.sink.name}: its start is retried in {wait:g} s, then with a doubling delay up "
+                            f"to {self.retry.limit:g} s until it starts; it then gets every frame of the journal "
+                            "it lacks (the trackers that started go on meanwhile)")
 
     def _restart(self) -> bool:
         """Start the sink again if its retry is due; whether it started. Before starting, what its
@@ -293,8 +294,8 @@ class Replica:
         self.pending = Pending(existing, self.dispatch.keys, self.sink.stores_nonfinite) if existing else None
         self.waiting = False
         self.dispatch.unstarted.discard(name)
-        warn(f"{name}: started on attempt {self.retry.failures + 1}, {self.retry.waited():.0f} s after its "
-             "first failure; it now gets every frame of the journal it lacks", stacklevel=2)
+        log.info(f"{name}: started on attempt {self.retry.failures + 1}, {self.retry.waited():.0f} s after its "
+                 "first failure; it now gets every frame of the journal it lacks")
         self.retry.reset()
         return True
 
