@@ -94,3 +94,8 @@ def test_a_tracker_sink_keeps_the_options_it_was_built_with(tmp_path: Path, monk
     assert built.to_config() == {"type": "tensorboard", "flush": 3,
                                  "log_dir": str((tmp_path / "out").resolve() / "tensorboard/{name}-{run_id}")}
     assert JournalSink(tmp_path / "j.jsonl").to_config() is None  # written in the training process
+
+    class Mine(TensorBoardSink):  # not what the factory builds: fed in the training process, as it is
+        pass
+
+    assert Mine(log_dir="tb").to_config() is None

@@ -174,9 +174,10 @@ class Sink:
 
     def to_config(self) -> dict[str, Any] | None:
         """This sink as a config the publisher process rebuilds it from: ``{"type": config_type,
-        **options}`` with path options absolute; ``None`` for a sink that has no ``config_type`` or
-        was given positional arguments (it is fed in the training process)."""
-        if self.config_type is None or self._positional:
+        **options}`` with path options absolute; ``None`` (it is fed in the training process) for a sink
+        whose own class names no ``config_type`` (a subclass of a tracker sink is not the class the
+        factory builds) or that was given positional arguments."""
+        if type(self).__dict__.get("config_type") is None or self._positional:
             return None
         config: dict[str, Any] = {"type": self.config_type, **self.options}
         for key in self.path_options:
