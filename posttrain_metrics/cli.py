@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import sys
 import traceback
@@ -16,6 +17,7 @@ from typing import Any
 from . import __version__
 from .core.catalog import adapter_names, get_adapter
 from .core.errors import MetricsError
+from .core.log import LOGGER, line
 from .core.printable import printable
 from .core.redact import redact_text
 from .core.reduction import Reduction, RunAggregate
@@ -168,12 +170,22 @@ def cmd_publish(args: argparse.Namespace) -> int:
         if name is not None:
             sink.name = str(name)
         sinks.append(sink)
+    forward: logging.Handler | None = None
     with warnings.catch_warnings(), redacted_output():  # every line the trackers print leaves redacted
         if args.quiet:
             warnings.simplefilter("ignore")
         else:
-            _forward_our_warnings()
-        result = follow(journal, sinks, follow=args.follow, parent_pid=args.parent_pid, trim_heap=TRIM_EVERY)
+            forward = _forward_our_warnings()
+        package = logging.getLogger(LOGGER)
+        level = package.level
+        if not args.quiet:
+            package.setLevel(logging.INFO)  # our process: its log says when a tracker came back too
+        try:
+            result = follow(journal, sinks, follow=args.follow, parent_pid=args.parent_pid, trim_heap=TRIM_EVERY)
+        finally:
+            package.setLevel(level)
+            if forward is not None:
+                package.removeHandler(forward)
     if not args.quiet:
         done = ", ".join(f"{name} {info['written']} sent, {info['already_held']} already there"
                          for name, info in result["sinks"].items())
@@ -199,16 +211,18 @@ def _hold_run_lock() -> None:
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
-def _forward_our_warnings() -> None:
-    """In the publisher process (whose output goes to its log file): our own warnings also go, one
-    line each, to the trainer's stderr, whose descriptor the trainer passed in the environment. The
-    trackers' warnings stay in the log. Call inside ``warnings.catch_warnings()``: it restores."""
+def _forward_our_warnings() -> logging.Handler | None:
+    """In the publisher process (whose output goes to its log file): our own warnings and the
+    package's log records (:mod:`~posttrain_metrics.core.log`) also go, one line each, to the trainer's
+    stderr, whose descriptor the trainer passed in the environment. The trackers' warnings stay in the
+    log. Call inside ``warnings.catch_warnings()``: it restores; the log handler returned is for the
+    caller to remove."""
     from .publication.process import WARNINGS_FD_ENV
 
     try:
         stream = os.fdopen(int(os.environ[WARNINGS_FD_ENV]), "w", buffering=1, closefd=False)
     except (KeyError, ValueError, OSError):
-        return
+        return None
     logged = warnings.showwarning
 
     def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
@@ -221,6 +235,15 @@ def _forward_our_warnings() -> None:
                 stream.write(printable(redact_text(f"posttrain-metrics publisher: warning: {message}")) + "\n")
 
     warnings.showwarning = show
+
+    class Forward(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            with contextlib.suppress(OSError, ValueError):
+                stream.write(printable(redact_text(f"posttrain-metrics publisher: {line(record)}")) + "\n")
+
+    handler = Forward()
+    logging.getLogger(LOGGER).addHandler(handler)
+    return handler
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

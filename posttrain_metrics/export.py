@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import os
 import sys
 import time
@@ -31,12 +32,14 @@ from pathlib import Path
 from typing import TextIO, TypeVar, Union
 
 from .core.errors import MetricsError
+from .core.log import LOGGER, line
 from .core.redact import redact_text
 from .integrations.base import Sink
 from .integrations.factory import run_path
 from .integrations.mlflow import mlflow_run
 from .journal import Journal, JournalOnDisk, Record
-from .publication.follower import STATUSES, Replica
+from .publication.follower import STATUSES
+from .publication.replica import Replica
 
 __all__ = ["export", "log_path"]
 
@@ -186,10 +189,13 @@ def _trackers_quiet(log: Path) -> Iterator[tuple[TextIO, TextIO]]:
         shown(message, category, filename, lineno, err if not vendor and file is None else file, line)
 
     warnings.showwarning = show
+    ours = _Terminal(err)  # our log records (a value a tracker cannot hold...) on the terminal too
+    logging.getLogger(LOGGER).addHandler(ours)
     try:
         print(f"tracker logs (W&B, MLflow output): {log}", file=out)
         yield out, err
     finally:
+        logging.getLogger(LOGGER).removeHandler(ours)
         warnings.showwarning = shown
         sys.stdout.flush()
         sys.stderr.flush()
@@ -199,6 +205,18 @@ def _trackers_quiet(log: Path) -> Iterator[tuple[TextIO, TextIO]]:
             os.close(fd)
         out.close()
         err.close()
+
+
+class _Terminal(logging.Handler):
+    """The package's log records, one line each, on the terminal's stream while fds 1 and 2 go to the log."""
+
+    def __init__(self, stream: TextIO) -> None:
+        super().__init__()
+        self.stream = stream
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self.stream.write(f"posttrain-metrics: {line(record)}\n")
 
 
 def export(journal: AnyJournal, to: str, target: str | None = None, *, quiet: bool = False, batch: int = 512,
@@ -239,23 +257,21 @@ def _replay(journal: AnyJournal, to: str, target: str | None, *, quiet: bool, ba
             replica.flush()
             progress.tick(len(chunk))
         replica.feed(Record("gap", gap=gap) for gap in journal.gaps)  # the steps the journal misses, as live
-        if replica.written and replica.publisher is not None and replica.publisher.run is not None:
+        if replica.written and replica.started:
             from .publication.health import replay_findings  # the live-health findings file, as live
 
-            replay_findings(Path(journal.path), sink)
+            replay_findings(Path(journal.path), replica.sink)
         replica.flush()
     finally:
-        started = replica.publisher is not None and replica.publisher.run is not None
-        if started:  # a target that lacked nothing is left as it is
+        if replica.started:  # a target that lacked nothing is left as it is
             replica.end, replica.end_reason = status, str(journal.end.get("reason", "")) if journal.end else ""
             replica.close(status if status in STATUSES else "finished")
         progress.done()
     if replica.written == 0 and replica.gaps_written == 0:
         print(f"nothing to export: all {total} frames of run {journal.run_id} are already in {where}", file=out)
         return 0
-    pub = replica.publisher
-    failures = pub.failures if pub is not None else {}
-    lost = {name: n for name in ("unconfirmed", "rejected") if (n := getattr(sink, name, 0))}
+    failures = {sink.name: replica.failures} if replica.failures else {}
+    lost = {name: n for name, n in (("unconfirmed", sink.unconfirmed), ("rejected", sink.rejected)) if n}
     if failures or lost:
         raise MetricsError(
             f"export to {where} is incomplete (failures {failures}, {lost}); run it "

@@ -69,7 +69,7 @@ class Run:
         self.reducer = MetricReducer(adapters)
         self.memory = MemorySink()
         self.journal = folder / "journal.jsonl"
-        self.pub = Publisher([JournalSink(self.journal), self.memory], adapters=adapters, background=False)
+        self.pub = Publisher([JournalSink(self.journal), self.memory], adapters=adapters, mode="inline")
         self.pub.start({})
 
     def step(self, step: int, chunks: list[dict[str, Any]]) -> Frame:
@@ -114,7 +114,8 @@ def reduce_one(adapters: Any, chunk: Mapping[str, Any]) -> dict[str, Any]:
 # -- NaN and inf ---------------------------------------------------------------------------------------
 
 
-def test_nan_and_inf_values_propagate_and_every_sink_keeps_or_counts_them(tmp_path: Path) -> None:
+def test_nan_and_inf_values_propagate_and_every_sink_keeps_or_counts_them(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     chunks = [{"grpo_clip_frac": math.nan, "grpo_valid_token_count": 0},  # NaN under zero weight adds nothing
               {"grpo_kl_max": math.nan, "grpo_kl_mean": math.inf, "grpo_loss": -math.inf, "grpo_weight_sum": 10,
                "grpo_clip_frac": 0.25, "grpo_valid_token_count": 4}]
@@ -128,9 +129,9 @@ def test_nan_and_inf_values_propagate_and_every_sink_keeps_or_counts_them(tmp_pa
     strict = MemorySink()
     strict.name, strict.stores_nonfinite = "strict", frozenset({"nan"})  # like MLflow: NaN yes, inf no
     journal = tmp_path / "journal.jsonl"
-    pub = Publisher([JournalSink(journal), strict], adapters="grpo", background=False)
+    pub = Publisher([JournalSink(journal), strict], adapters="grpo", mode="inline")
     pub.start({})
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
         for step in (1, 2):
             pub.publish(Frame(step, metrics, "train", 1.0 + step))
@@ -140,7 +141,7 @@ def test_nan_and_inf_values_propagate_and_every_sink_keeps_or_counts_them(tmp_pa
     last = strict.frames[-1].metrics
     assert math.isnan(last["train/kl_max"]) and "train/kl_mean" not in last
     assert last["health/nonfinite/train/kl_mean"] == 2 and last["health/nonfinite/train/loss_avg"] == 2
-    assert sum("cannot be stored faithfully" in str(w.message) for w in caught) == 2  # once per key
+    assert sum("cannot be stored faithfully" in m for m in caplog.messages) == 2  # once per key (a log record)
     findings = {f.check: f for f in run_checks(read_journal(journal))}
     assert findings["nonfinite_values"].steps == (1, 2)
 
@@ -175,7 +176,7 @@ def test_bools_are_counts_and_flags_and_trackers_see_0_or_1(tmp_path: Path) -> N
     rejected(tmp_path, {"update_outcome": True}, "'update_outcome'", "True", "'applied'")
 
     sink = MemorySink()
-    pub = Publisher([JournalSink(tmp_path / "j.jsonl"), sink], adapters="trainer", background=False)
+    pub = Publisher([JournalSink(tmp_path / "j.jsonl"), sink], adapters="trainer", mode="inline")
     pub.start({})
     pub.publish(Frame(1, flags, "train", 1.0))
     pub.close()
@@ -446,7 +447,7 @@ def test_reduce_with_no_add_gives_a_frame_with_no_metrics_on_every_path() -> Non
     assert reduce_metrics(GRPO_ADAPTERS, [[], []]) == {}
     sink = MemorySink()
     with pytest.warns(UserWarning, match="step 4 has no metrics"):
-        pub = Publisher([sink], adapters=GRPO_ADAPTERS, background=False)
+        pub = Publisher([sink], adapters=GRPO_ADAPTERS, mode="inline")
         pub.start({})
         pub.publish(Frame(4, {}))
     pub.publish(Frame(5, {}))  # warned once, counted every time
@@ -740,7 +741,7 @@ def test_a_planted_secret_of_any_shape_is_in_no_byte_of_any_artefact(
                        group=f"redis://:{tracker_secrets['wandb group']}@cache:6379"),
              ConsoleSink(stream=console, min_interval=0)]
     pub = Publisher(sinks, adapters=GRPO_ADAPTERS, run_name=f"planted-{tracker_secrets['run name']}",
-                    run_id="planted01", background=False)
+                    run_id="planted01", mode="inline")
     pub.start(planted_config())
     reducer = MetricReducer(GRPO_ADAPTERS)
     for step in (1, 2):
@@ -770,7 +771,7 @@ def test_a_planted_secret_of_any_shape_is_in_no_byte_of_any_artefact(
     assert header["innocent/prompt"] == INNOCENT["prompt"] and header["innocent/hub/hf_token_path"] == "/data/hf/token"
 
 
-def test_no_secret_in_an_error_or_a_warning(tmp_path: Path) -> None:
+def test_no_secret_in_an_error_or_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     from posttrain_metrics.integrations.factory import build_sink
 
     secret = "Pq40-warned-secret"
@@ -781,13 +782,13 @@ def test_no_secret_in_an_error_or_a_warning(tmp_path: Path) -> None:
         def write(self, frame: Frame) -> None:
             raise ConnectionError(f"API request to http://alice:{secret}@127.0.0.1:9/api/2.0/mlflow failed")
 
-    pub = Publisher([Failing()], adapters=GRPO_ADAPTERS, background=False)
+    pub = Publisher([Failing()], adapters=GRPO_ADAPTERS, mode="inline")
     pub.start({})
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         pub.publish(Frame(1, {"train/kl_max": 0.5}, "train", 1.0))
     pub.close()
-    texts = [str(w.message) for w in caught]
+    texts = [str(w.message) for w in caught] + caplog.messages  # a degraded sink is a log record
     assert any("failed in write()" in t and "alice:***REDACTED***@127.0.0.1" in t for t in texts), texts
     assert not any(secret in t for t in texts), texts
     # our own errors that print a user's options, nested ones included
@@ -799,7 +800,8 @@ def test_no_secret_in_an_error_or_a_warning(tmp_path: Path) -> None:
         assert secret not in str(info.value), str(info.value)
 
 
-def test_the_live_mlflow_sink_redacts_a_password_in_its_uri_from_its_warnings(tmp_path: Path) -> None:
+def test_the_live_mlflow_sink_redacts_a_password_in_its_uri_from_its_warnings(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     from _mlflow_server import free_port
 
     from posttrain_metrics.integrations.mlflow import MlflowSink
@@ -807,13 +809,13 @@ def test_the_live_mlflow_sink_redacts_a_password_in_its_uri_from_its_warnings(tm
     secret = "Pq41-uri-password"
     sink = MlflowSink(tracking_uri=f"http://alice:{secret}@127.0.0.1:{free_port()}", http_max_retries=0,
                       http_timeout=2)
-    pub = Publisher([sink, JournalSink(tmp_path / "journal.jsonl")], adapters=GRPO_ADAPTERS, background=False)
+    pub = Publisher([sink, JournalSink(tmp_path / "journal.jsonl")], adapters=GRPO_ADAPTERS, mode="inline")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         pub.start({})
         pub.publish(Frame(1, {"train/kl_max": 0.5}, "train", 1.0))
         pub.close()
-    texts = [str(w.message) for w in caught]
+    texts = [str(w.message) for w in caught] + caplog.messages  # a degraded sink: a log record
     assert any("REDACTED" in t for t in texts), texts  # the sink did warn, with the URI
     assert not any(secret in t for t in texts), texts
 
@@ -875,7 +877,7 @@ def test_doctor_and_console_escape_control_characters_from_a_journal(
     assert "x\\r\\x1b[2K\\nhealthy" in out
     stream = io.StringIO()
     pub = Pub([ConsoleSink(stream=stream, keys=["train/kl_max", "train/k\x1b[31m1"])], adapters="grpo",
-              run_name=forged, background=False)
+              run_name=forged, mode="inline")
     pub.start({})
     pub.publish(Frame(1, {"train/kl_max": 0.5}, "train", 1.0))
     pub.close()

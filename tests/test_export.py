@@ -245,7 +245,7 @@ def test_a_torn_journal_exports_its_complete_lines(live: Path, tmp_path: Path, c
 
 def test_a_long_journal_exports_every_frame_and_label_only_frames_once(tmp_path: Path, capsys) -> None:
     journal = tmp_path / "run" / "journal.jsonl"
-    pub = Publisher([JournalSink(journal)], adapters=GRPO_ADAPTERS, run_id="long", background=False)
+    pub = Publisher([JournalSink(journal)], adapters=GRPO_ADAPTERS, run_id="long", mode="inline")
     pub.start({})
     base = dict(grpo_run(steps=1)[0].metrics)
     for step in range(1, 3001):  # far more frames than a background queue holds
@@ -267,7 +267,7 @@ def test_an_export_into_mlflow_larger_than_the_sinks_live_backlog_loses_nothing(
     from mlflow.tracking import MlflowClient
 
     journal = tmp_path / "run" / "journal.jsonl"
-    pub = Publisher([JournalSink(journal)], adapters=GRPO_ADAPTERS, run_id="bulk", background=False)
+    pub = Publisher([JournalSink(journal)], adapters=GRPO_ADAPTERS, run_id="bulk", mode="inline")
     pub.start({})
     for step in range(1, 1301):
         pub.publish(Frame(step, {"train/loss_avg": step / 1000, "train/kl_max": 0.5}))
@@ -380,7 +380,7 @@ def mlflow_series_of(uri: str, run_id: str) -> tuple[dict[str, list[tuple[int, f
 
 
 def long_journal(path: Path, steps: int) -> Path:
-    pub = Publisher([JournalSink(path)], adapters=GRPO_ADAPTERS, run_id=f"long{steps}", background=False)
+    pub = Publisher([JournalSink(path)], adapters=GRPO_ADAPTERS, run_id=f"long{steps}", mode="inline")
     pub.start({})
     base = dict(grpo_run(steps=1)[0].metrics)
     for step in range(1, steps + 1):

@@ -95,7 +95,7 @@ def assert_plain(frame: Frame) -> None:
 
 def test_random_windows_raise_only_metrics_error_and_lose_nothing(tmp_path: Path) -> None:
     memory = MemorySink()
-    pub = Publisher([JournalSink(tmp_path / "journal.jsonl"), memory], adapters=GRPO_ADAPTERS, background=False)
+    pub = Publisher([JournalSink(tmp_path / "journal.jsonl"), memory], adapters=GRPO_ADAPTERS, mode="inline")
     pub.start({})
     reducer = MetricReducer(GRPO_ADAPTERS)
     published: list[Frame] = []

@@ -65,9 +65,9 @@ def _needs_tensorboard() -> None:
 def publish(tmp_path: Path, frames: list[Frame], adapters=GRPO_ADAPTERS, *, config=None, failed=False,
             close=True, **options) -> tuple[Publisher, TensorBoardSink]:
     sink = TensorBoardSink(log_dir=tmp_path / "tb", **options)
-    # background=False: these tests check the sink's own flushing, not the publisher's threads
+    # mode="inline": these tests check the sink's own flushing, not the publisher's threads
     pub = Publisher([JournalSink(tmp_path / "journal.jsonl"), sink], adapters=adapters, run_name="t",
-                    background=False)
+                    mode="inline")
     pub.start(config or {"rl": {"kl_beta": 0.04, "lr": 1e-3}, "seed": 3})
     for frame in frames:
         pub.publish(frame)
@@ -227,8 +227,8 @@ from _runs import GRPO_ADAPTERS, grpo_run
 from posttrain_metrics.publication import Publisher
 from posttrain_metrics.integrations.tensorboard import TensorBoardSink
 
-# background=False: the sink's flush at each step boundary is under test, not the publisher's queue
-pub = Publisher([TensorBoardSink(log_dir=sys.argv[1])], adapters=GRPO_ADAPTERS, background=False)
+# mode="inline": the sink's flush at each step boundary is under test, not the publisher's queue
+pub = Publisher([TensorBoardSink(log_dir=sys.argv[1])], adapters=GRPO_ADAPTERS, mode="inline")
 pub.start()
 for frame in grpo_run(steps=4):
     pub.publish(frame)
@@ -271,7 +271,7 @@ def test_configuration_is_checked_and_the_constructor_does_no_io(tmp_path):
 
 def test_close_is_idempotent_and_log_dir_takes_the_run_name(tmp_path):
     sink = TensorBoardSink(log_dir=tmp_path / "{name}-{run_id}")
-    pub = Publisher([sink], adapters=GRPO_ADAPTERS, run_name="exp", run_id="abc", background=False)
+    pub = Publisher([sink], adapters=GRPO_ADAPTERS, run_name="exp", run_id="abc", mode="inline")
     pub.start()
     pub.publish(grpo_run(steps=1)[0])
     sink.close()
@@ -599,7 +599,7 @@ def test_event_bytes_equal_tensorboards_own_protos_and_read_back_like_its_writer
 
 
 
-def test_a_write_that_fails_on_the_writer_thread_is_the_sinks_failure_not_a_hang(tmp_path, monkeypatch):
+def test_a_write_that_fails_on_the_writer_thread_is_the_sinks_failure_not_a_hang(tmp_path, monkeypatch, caplog):
     # A disk that fills up mid-run: the writer thread's OSError reaches the publisher (warned once,
     # counted), the run closes without hanging, and what was written before the failure reads back.
     from posttrain_metrics.integrations.tensorboard import events as tb_module
@@ -608,7 +608,7 @@ def test_a_write_that_fails_on_the_writer_thread_is_the_sinks_failure_not_a_hang
     monkeypatch.setattr(tb_module, "_QUEUED", 1)
     frames = grpo_run(steps=6)
     sink = TensorBoardSink(log_dir=tmp_path / "tb")
-    pub = Publisher([sink], adapters=GRPO_ADAPTERS, run_name="t", background=False)
+    pub = Publisher([sink], adapters=GRPO_ADAPTERS, run_name="t", mode="inline")
     pub.start({"seed": 1})
     for frame in frames[:3]:
         pub.publish(frame)
@@ -634,7 +634,7 @@ def test_a_write_that_fails_on_the_writer_thread_is_the_sinks_failure_not_a_hang
         for frame in frames[3:]:
             pub.publish(frame)
         pub.close()
-    said = [str(w.message) for w in caught if "tensorboard" in str(w.message)]
+    said = [m for m in [str(w.message) for w in caught] + caplog.messages if "tensorboard" in m]  # logged: degraded
     assert len(said) == 1 and "No space left on device" in said[0], said
     assert pub.failures.get("tensorboard", 0) >= 1
     assert [e.step for e in load(sink.path).Scalars("train/loss_avg")] == [1, 2, 3]
@@ -703,7 +703,7 @@ def run_into(out_dir: Path, run_id: str, name: str, frames: list[Frame]) -> Publ
     from posttrain_metrics.integrations.factory import build_sink
 
     pub = Publisher([build_sink({"type": "tensorboard"}, out_dir=out_dir)], adapters=GRPO_ADAPTERS,
-                    run_name=name, run_id=run_id, background=False)
+                    run_name=name, run_id=run_id, mode="inline")
     pub.start({"seed": 1})
     for frame in frames:
         pub.publish(frame)
@@ -741,7 +741,7 @@ def test_export_finds_the_runs_own_directory(tmp_path):
 
     frames = grpo_run(steps=3)
     pub = Publisher([JournalSink(tmp_path / "journal.jsonl"), build_sink({"type": "tensorboard"}, out_dir=tmp_path)],
-                    adapters=GRPO_ADAPTERS, run_name="my run/1", run_id="ccc333", background=False)
+                    adapters=GRPO_ADAPTERS, run_name="my run/1", run_id="ccc333", mode="inline")
     pub.start({})
     for frame in frames:
         pub.publish(frame)
@@ -840,6 +840,7 @@ def test_a_full_disk_that_clears_leaves_each_step_once_in_the_event_file(tmp_pat
     from _faults import run_child
 
     proc = run_child(f"""
+        import logging
         import warnings
         from pathlib import Path
         from posttrain_metrics import Frame
@@ -849,6 +850,13 @@ def test_a_full_disk_that_clears_leaves_each_step_once_in_the_event_file(tmp_pat
         log_dir = Path({str(tmp_path / "tb")!r})
         pub = Publisher([TensorBoardSink(log_dir=log_dir)], adapters=["trainer"], run_name="t", mode="inline")
         pub.start()
+        said = []  # the sink's failure is an operational message: a log record
+
+        class Keep(logging.Handler):
+            def emit(self, record):
+                said.append(record.getMessage())
+
+        logging.getLogger("posttrain_metrics").addHandler(Keep())
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             for step in range(1, 41):
@@ -859,7 +867,8 @@ def test_a_full_disk_that_clears_leaves_each_step_once_in_the_event_file(tmp_pat
                 pub.publish(Frame(step, {{"train/grad_norm": step / 4, "train/learning_rate": step * 1e-3}},
                                   "train", 1_700_000_000.0 + step))
             pub.close()
-        print(len([w for w in caught if "tensorboard" in str(w.message)]), pub.failures.get("tensorboard", 0))
+        print(len([m for m in [str(w.message) for w in caught] + said if "tensorboard" in m]),
+              pub.failures.get("tensorboard", 0))
     """, tmp_path)
     warned, failures = map(int, proc.stdout.split())
     assert warned == 1 and failures >= 1  # the fault happened, and was the sink's, said once

@@ -12,8 +12,6 @@ from __future__ import annotations
 import ast
 import pathlib
 
-import pytest
-
 import posttrain_metrics
 
 PACKAGE = pathlib.Path(posttrain_metrics.__file__).parent
@@ -66,7 +64,6 @@ def test_no_import_goes_up_a_layer() -> None:
     assert not up, "imports from a lower layer to a higher one:\n" + "\n".join(up)
 
 
-@pytest.mark.xfail(strict=True, reason="publisher <-> follower: issue 26 item 1 splits the dispatcher out")
 def test_import_graph_has_no_cycle() -> None:
     graph = _graph()
     done: set[str] = set()
@@ -103,8 +100,6 @@ ONE_JOB = {
     "integrations/mlflow/sink.py": "the MLflow sink (start, frames, aggregates, samples, findings, close); sending is in sender.py",
     "core/layout.py": "the packed buffer layout of one collective: one job",
     "core/redact.py": "the redaction rules: one job",
-    "publication/publisher.py": "TO SPLIT (issue 26 item 1)",
-    "publication/follower.py": "TO SPLIT (issue 26 item 1)",
 }
 
 

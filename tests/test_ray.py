@@ -164,7 +164,7 @@ def test_driver_frame_equals_reduce_metrics_and_gloo(
     workers = actors[:world]
     configure(ray_module, workers)
     sink = MemorySink()
-    with Publisher([sink], adapters=GRPO_STEP, background=False) as publisher:
+    with Publisher([sink], adapters=GRPO_STEP, mode="inline") as publisher:
         driver = RayDriver(GRPO_STEP, publisher=publisher, timeout=60)
         for i, step in enumerate(STEPS):
             data = full_data(ADAPTERS, world, step)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import logging
 import subprocess
 import sys
 import threading
@@ -50,7 +51,8 @@ def figure(text: str) -> None:
 # -- a publisher that keeps dying ----------------------------------------------------------------------
 
 
-def test_a_crash_looping_publisher_is_restarted_with_a_doubling_delay_up_to_a_minute(tmp_path: Path) -> None:
+def test_a_crash_looping_publisher_is_restarted_with_a_doubling_delay_up_to_a_minute(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A real publisher process that exits at once every time (its sinks file names a tracker that does
     not exist): it is restarted 1, 2, 4, 8, 16, 32, 60, 60, 60, 60 s after each death is noticed (a
     death is noticed at the first check a second after the start), then given up, warned once each."""
@@ -76,7 +78,7 @@ def test_a_crash_looping_publisher_is_restarted_with_a_doubling_delay_up_to_a_mi
     # noticed 1 s after each start (check_every), then the delay: 1, 2, 4, 8, 16, 32, 60 ... s
     assert gaps == [2.0, 3.0, 5.0, 9.0, 17.0, 33.0, 61.0, 61.0, 61.0, 61.0], gaps
     assert len(spawned) == 1 + MAX_RESTARTS and proc.restarts == MAX_RESTARTS + 1
-    said = [str(w.message) for w in caught]
+    said = [str(w.message) for w in caught] + caplog.messages  # a restart is a log record
     assert sum("exited with status 2 before the run's end" in m for m in said) == 1, said
     assert sum("not restarted again" in m and "publish" in m for m in said) == 1, said
     figure(f"crash loop: {MAX_RESTARTS} restarts spread over {spawned[-1] - spawned[0]:g} s (injected clock)")
@@ -274,8 +276,8 @@ def closed_journal(path: Path, steps: int) -> None:
 
 
 @pytest.mark.parametrize("publisher", ["process", "thread"])
-def test_a_tracker_that_never_comes_up_is_named_with_the_command_that_finishes_it(tmp_path: Path,
-                                                                                  publisher: str) -> None:
+def test_a_tracker_that_never_comes_up_is_named_with_the_command_that_finishes_it(
+        tmp_path: Path, publisher: str, caplog: pytest.LogCaptureFixture) -> None:
     """Nothing listens on the tracker's port for the whole run: the publisher retries its start until
     ``grace`` after the run's end, then names it as never started, with the command that finishes it
     (``publish`` beside the sinks file a publisher process has; a follower thread has none: ``export``);
@@ -292,7 +294,7 @@ def test_a_tracker_that_never_comes_up_is_named_with_the_command_that_finishes_i
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = follow(journal, [sink], follow=False, grace=4.0, report=False, record=False)
-    said = [str(w.message) for w in caught]
+    said = [str(w.message) for w in caught] + caplog.messages  # retries and give-ups are log records
     never = [m for m in said if "never started" in m]
     assert len(never) == 1 and command in never[0], said
     if publisher == "thread":
@@ -305,7 +307,7 @@ def test_a_tracker_that_never_comes_up_is_named_with_the_command_that_finishes_i
 
 
 def test_a_tracker_that_comes_up_between_two_retries_after_the_run_is_started_at_a_last_try(
-        tmp_path: Path) -> None:
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """The run has ended; the tracker's next retry is 10 minutes away (an injected schedule) when a real
     `mlflow server` comes up on its port: before giving it up at the end of ``grace``, the publisher
     tries once more, and it gets every frame once."""
@@ -317,6 +319,7 @@ def test_a_tracker_that_comes_up_between_two_retries_after_the_run_is_started_at
     uri = f"http://127.0.0.1:{port}"
     sink = MlflowSink(tracking_uri=uri, experiment_name="last-try", http_max_retries=0, http_timeout=2)
     done: dict[str, Any] = {}
+    caplog.set_level(logging.INFO, logger="posttrain_metrics")  # a tracker that came back: info
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         thread = threading.Thread(target=lambda: done.update(follow(
@@ -326,7 +329,7 @@ def test_a_tracker_that_comes_up_between_two_retries_after_the_run_is_started_at
         server = None
         try:
             for _ in range(600):  # its first start failed: the next is 600 s away
-                if any("its start is retried in 600 s" in str(w.message) for w in caught):
+                if any("its start is retried in 600 s" in m for m in caplog.messages):
                     break
                 time.sleep(0.05)
             server, _ = start_server(tmp_path / "server", port)
@@ -339,13 +342,13 @@ def test_a_tracker_that_comes_up_between_two_retries_after_the_run_is_started_at
         finally:
             if server is not None:
                 stop_server(server)
-    said = [str(w.message) for w in caught]
+    said = [str(w.message) for w in caught] + caplog.messages
     assert steps == [1, 2, 3, 4, 5], steps
     assert done["unstarted"] == [] and done["sinks"]["mlflow"]["written"] == 5
     assert not any("never started" in m for m in said) and any("started on attempt 2" in m for m in said), said
 
 
-def test_the_close_summary_names_a_tracker_that_never_started(tmp_path: Path) -> None:
+def test_the_close_summary_names_a_tracker_that_never_started(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     class Unreachable(MemorySink):
         name = "unreachable"
 
@@ -360,7 +363,7 @@ def test_the_close_summary_names_a_tracker_that_never_started(tmp_path: Path) ->
         for frame in grpo_run(steps=3):
             pub.publish(frame)
         pub.close()
-    said = [str(w.message) for w in caught if "never started" in str(w.message)]
+    said = [m for m in [str(w.message) for w in caught] + caplog.messages if "never started" in m]
     assert len(said) == 1 and "['unreachable']" in said[0] and f"posttrain-metrics export {journal}" in said[0], said
 
 

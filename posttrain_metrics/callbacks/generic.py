@@ -44,6 +44,7 @@ from ..core.warn import warn
 from ..integrations.base import Sink
 from ..integrations.console import check_total_steps
 from ..integrations.factory import build_sink, check_callback, check_writable, plain, safe_name
+from ..journal import JournalSink
 from ..journal.samples import Histogram, Samples, SamplesFile, samples_path
 from ..publication import Publisher
 from ..publication.health import (
@@ -153,7 +154,7 @@ class MetricsCallback:
         write them (global rank 0, as the launcher's ``RANK`` says before torch.distributed starts),
         so a bad folder is one clear error before training rather than a run that loses every metric.
         Not on other ranks: they write nothing there, and on another node that path may not exist."""
-        journal = next((getattr(s, "path", None) for s in sinks if s.name == "journal"), None)
+        journal = next((s.path for s in sinks if s.name == "journal" and isinstance(s, JournalSink)), None)
         if self.out_dir is not None:
             check_writable("MetricsCallback", "out_dir", self.out_dir)
         if journal is not None and (self.out_dir is None or Path(journal).parent.resolve() != self.out_dir.resolve()):
@@ -177,9 +178,7 @@ class MetricsCallback:
         if log is not None:
             note = f"tracker logs (W&B, MLflow, TensorBoard output): {log}"
             for sink in self.publisher.sinks:
-                notes = getattr(sink, "notes", None)
-                if isinstance(notes, list) and note not in notes:  # declare() rebuilds: say it once
-                    notes.append(note)
+                sink.add_note(note)  # said once however often declare() rebuilds
 
     def set_total_steps(self, total_steps: int | None) -> None:
         """The run's number of optimizer steps (``None``: unknown), for the console's ``step/total``
@@ -187,9 +186,7 @@ class MetricsCallback:
         check_total_steps(total_steps)
         self._total_steps = total_steps
         for sink in self.publisher.sinks:
-            setter = getattr(sink, "set_total_steps", None)
-            if callable(setter):
-                setter(total_steps)
+            sink.set_total_steps(total_steps)
 
     def declare(self, key: str, reduction: str = "mean", **fields: Any) -> None:
         """Declare one of your own keys, as a line of ``extra`` would (``declare("my/x", "sum")``,
@@ -360,7 +357,7 @@ class MetricsCallback:
         if path is not None:
             self._keep_samples(samples, samples_path(path))
         for sink in self.publisher.inline:
-            if callable(getattr(sink, "write_samples", None)) and sink.name not in self.publisher.unstarted:
+            if sink.takes_samples and sink.name not in self.publisher.unstarted:
                 self.publisher.call(sink, "write_samples", samples)
         return samples
 

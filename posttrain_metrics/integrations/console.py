@@ -14,7 +14,7 @@ from ..core.frame import Frame
 from ..core.keys import KeyInfo, headline_keys
 from ..core.printable import printable
 from ..core.values import Scalar
-from .base import RunInfo
+from .base import RunInfo, Sink
 from .views import closing_links
 
 __all__ = ["ConsoleSink", "check_total_steps", "format_eta", "update_counts"]
@@ -80,7 +80,7 @@ def check_total_steps(total_steps: object) -> int | None:
     return total_steps
 
 
-class ConsoleSink:
+class ConsoleSink(Sink):
     """Prints ``12:04:31 train step 8/80 | loss_avg 0.1234 | ... | eta 1m12s`` for the headline keys.
 
     Headline keys are declared in the catalogue (``Metric(headline=True)``, with ``headline_if``
@@ -142,6 +142,11 @@ class ConsoleSink:
         self._clock: tuple[int, str] = (-1, "")  # the last second shown, as text
         self._first: tuple[int, float] | None = None  # (step, time) of the first train line: the ETA's origin
         self._closed = False
+
+    def add_note(self, note: str) -> None:
+        """A line printed after the run line at start and again at close (once, however often given)."""
+        if note not in self.notes:
+            self.notes.append(note)
 
     def set_total_steps(self, total_steps: int | None) -> None:
         """The run's number of optimizer steps, once the trainer knows it (``None``: unknown)."""
@@ -229,7 +234,8 @@ class ConsoleSink:
         keys = self.keys if self.keys is not None else [key for key, _, _ in self._headline]
         return any(type(v) is float and v - v != 0.0 for v in map(m.get, keys))
 
-    def close(self, *, failed: bool = False) -> None:
+    def close(self, *, failed: bool = False, killed: bool = False, interrupted: bool = False,
+              reason: str = "") -> None:
         if self._closed:
             return
         self._closed = True

@@ -25,7 +25,7 @@ from typing import Any
 from ..core.cycles import Cycles
 from ..core.errors import MetricsError
 from ..core.redact import key_text, redact_text, redact_tree
-from .base import Sink
+from .base import Sink, as_sink
 
 __all__ = ["SINK_TYPES", "build_sink", "check_callback", "check_options", "check_path", "check_writable", "inside", "mlflow_uri", "plain", "run_path", "safe_name"]
 
@@ -245,12 +245,7 @@ def build_sink(spec: Mapping[str, Any] | Sink, *, out_dir: str | os.PathLike[str
     ``tensorboard/<name>-<run id>/``, ``mlflow.db``, ``wandb/``).
     """
     if not isinstance(spec, Mapping):
-        if isinstance(spec, Sink):
-            return spec
-        raise MetricsError(
-            f"a sink must be a mapping such as {{'type': 'console'}} or a sink object, got "
-            f"{type(spec).__name__} {spec!r:.60}"
-        )
+        return as_sink(spec)  # a Sink as it is; a plain object with the three methods wrapped; else an error
     options = plain(dict(spec))
     options.pop("_target_", None)
     kind = options.pop("type", None)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from ..core.frame import Frame
-from .base import RunInfo
+from .base import RunInfo, Sink
 
 __all__ = ["MemorySink"]
 
 
-class MemorySink:
+class MemorySink(Sink):
     """Keeps every frame it is given, as given.
 
     >>> sink = MemorySink()
@@ -31,6 +31,7 @@ class MemorySink:
     def write(self, frame: Frame) -> None:
         self.frames.append(frame)
 
-    def close(self, *, failed: bool = False) -> None:
+    def close(self, *, failed: bool = False, killed: bool = False, interrupted: bool = False,
+              reason: str = "") -> None:
         if self.closed is None:
             self.closed = failed

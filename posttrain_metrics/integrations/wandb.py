@@ -118,7 +118,7 @@ from ..core.keys import KeyInfo, label_key
 from ..core.redact import redact_text
 from ..core.reduction import Reduction
 from ..core.summary import RunSummary
-from .base import Points, RunInfo
+from .base import Points, RunInfo, Sink
 
 if TYPE_CHECKING:
     from wandb.sdk.wandb_run import Run
@@ -240,7 +240,7 @@ def _forget_a_gone_service() -> None:
         os.environ.pop("WANDB_SERVICE", None)
 
 
-class WandbSink:
+class WandbSink(Sink):
     """Publishes frames to a W&B run (see the module documentation for what the run shows).
 
     Keyword-only and cheap: nothing is imported or written until :meth:`start`. ``dir`` is the
@@ -253,6 +253,8 @@ class WandbSink:
     """
 
     name = "wandb"
+    config_type = "wandb"  # rebuilt from its options in the publisher process
+    path_options = ("dir",)
     # Verified on wandb 0.31: history rows keep NaN, +inf and -inf exactly.
     stores_nonfinite = frozenset({"nan", "inf"})
 
@@ -495,15 +497,6 @@ class WandbSink:
         run.log(row)
 
     # -- the publisher process ---------------------------------------------------------------------
-
-    def to_config(self) -> dict[str, Any]:
-        """This sink as a config (what the publisher process builds it from)."""
-        return {"type": "wandb", "project": self.project, "entity": self.entity,
-                "dir": None if self.dir is None else str(self.dir.resolve()), "mode": self.mode,
-                "tags": list(self.tags), "group": self.group, "job_type": self.job_type, "notes": self.notes,
-                "resume": self.resume, "init_timeout": self.init_timeout, "system_metrics": self.system_metrics,
-                "capture_console": self.capture_console, "summary_every": self.summary_every,
-                "settings": self.settings, **({"x_axis": self.x_axis} if self.x_axis != "step" else {})}
 
     def run_settings(self) -> dict[str, Any]:
         """Where the run goes, as resolved from the arguments and W&B's environment variables:

@@ -18,7 +18,7 @@ from typing import Any
 from ..core.errors import MetricsError
 from ..core.frame import Frame
 from ..core.warn import warn as emit_warning
-from ..integrations.base import RunInfo
+from ..integrations.base import RunInfo, Sink
 from . import format as _format
 from .format import FORMAT, VERSION, Gap, RunFile, _encode, _json_line, missing_summary
 from .lines import LineFile
@@ -164,7 +164,7 @@ def _refusal(path: Path, run_id: str, holders: list[dict[str, Any]]) -> str:
             f"would take its journal and the two would mix (lock {path}); {how}")
 
 
-class JournalSink:
+class JournalSink(Sink):
     """Appends one line per frame to ``path`` (JSONL) and flushes it.
 
     The header carries the redacted config; ``close`` writes an end line with the run's status.
@@ -387,7 +387,8 @@ class JournalSink:
         self._held.clear()
         self._held_bytes = 0
 
-    def close(self, *, failed: bool = False, interrupted: bool = False, reason: str = "") -> None:
+    def close(self, *, failed: bool = False, killed: bool = False, interrupted: bool = False,
+              reason: str = "") -> None:
         """Write the end record: status ``interrupted`` (Ctrl-C), ``failed`` or ``finished``, the
         ``reason`` when one is given (the exception's type and message, redacted by the publisher) and
         the gaps (``missing``)."""

@@ -25,9 +25,11 @@ import os
 import warnings
 from pathlib import Path
 
-from ..core.warn import warn
+from ..core.log import get_logger
 
 __all__ = ["ARTIFACT_DIR", "record_dir", "write_record"]
+
+log = get_logger("publication")
 
 ARTIFACT_DIR = "posttrain_metrics"
 """The folder of the run's record in a tracker (MLflow artifact path, W&B files sub-folder)."""
@@ -74,8 +76,8 @@ def write_record(journal: Path) -> list[Path]:
             _atomic(path, (format_findings(findings, as_json=as_json, journal=run) + "\n").encode())
             files.append(path)
     except Exception as exc:  # the record is a courtesy: the trackers close regardless
-        warn(f"the doctor's report of {journal} could not be written ({type(exc).__name__}: {exc}); "
-             "it is left out of the run's record", stacklevel=2)
+        log.warning(f"the doctor's report of {journal} could not be written ({type(exc).__name__}: {exc}); "
+                    "it is left out of the run's record")
         return files
     try:
         import matplotlib  # noqa: F401  (optional: the dashboard needs it)
@@ -86,6 +88,6 @@ def write_record(journal: Path) -> list[Path]:
 
         files.append(dashboard(run, findings, folder / "dashboard.png"))
     except Exception as exc:
-        warn(f"the dashboard of {journal} could not be drawn ({type(exc).__name__}: {exc}); it is "
-             "left out of the run's record", stacklevel=2)
+        log.warning(f"the dashboard of {journal} could not be drawn ({type(exc).__name__}: {exc}); it is "
+                    "left out of the run's record")
     return files

@@ -55,7 +55,9 @@ from ..core.frame import Frame
 from ..core.warn import warn
 from ..doctor import CHECKS, TUNABLE, Doctor, Finding, Severity, run_checks, step_ranges
 from ..doctor.thresholds import BUDGET_CONFIG_NAMES
+from ..integrations.base import Sink
 from ..journal.format import RunFile
+from .replica import Replica
 
 __all__ = ["ACTIONS", "CLOSE_ONLY", "LIVE_BASELINE", "LIVE_TRENDS", "LiveHealth", "StopWatch", "check_of",
            "config_path", "findings_path", "parse_health", "parse_thresholds", "read_findings", "read_thresholds",
@@ -437,15 +439,13 @@ class LiveHealth:
                 "check_cpu_us_per_frame": round(1e6 * self.seconds / self.frames, 1) if self.frames else None}
 
 
-def deliver(event: Mapping[str, Any], replicas: Sequence[Any]) -> None:
-    """An event to every started sink that takes findings (``write_finding``), through its replica's
-    publisher (a failing tracker is counted and warned about there, never raised)."""
+def deliver(event: Mapping[str, Any], replicas: Sequence[Replica]) -> None:
+    """An event to every started sink (:meth:`~posttrain_metrics.integrations.base.Sink.write_finding`),
+    through its replica's sink set (a failing tracker is counted and logged there, never raised)."""
     for r in replicas:
-        pub = getattr(r, "publisher", None)
-        if pub is None or pub.run is None or r.sink.name in pub.unstarted or getattr(r, "closed", False):
+        if r.dispatch is None or not r.started or r.closed or r.sink.name in r.dispatch.unstarted:
             continue
-        if callable(getattr(r.sink, "write_finding", None)):
-            pub.call(r.sink, "write_finding", dict(event))
+        r.dispatch.call(r.sink, "write_finding", dict(event))
 
 
 def read_findings(journal: Path) -> list[dict[str, Any]]:
@@ -463,10 +463,8 @@ def read_findings(journal: Path) -> list[dict[str, Any]]:
     return out
 
 
-def replay_findings(journal: Path, sink: Any) -> int:
+def replay_findings(journal: Path, sink: Sink) -> int:
     """``export``: the findings file's events to ``sink`` (started), in order; how many were sent."""
-    if not callable(getattr(sink, "write_finding", None)):
-        return 0
     sent = 0
     lines = read_findings(journal)
     fired = {e["check"] for e in lines if e.get("kind") == "finding"}

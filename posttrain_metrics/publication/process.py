@@ -36,13 +36,14 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from ..core.errors import user_stacklevel
-from ..core.warn import warn
+from ..core.log import get_logger
 from ..journal import LOCK_FD_ENV, RunFile, RunLock
 from .backoff import LIMIT, Backoff
 
 __all__ = ["BOOTSTRAP", "MAX_RESTARTS", "STABLE", "WARNINGS_FD_ENV", "PublisherProcess", "log_path", "sinks_path",
            "yield_cpu"]
+
+log = get_logger("publication")
 
 MAX_RESTARTS = 10
 """A publisher that keeps dying (a bug, a tracker that crashes it) is restarted this many times in a
@@ -273,20 +274,19 @@ class PublisherProcess:
             self.backoff.reset()  # it ran a good while: a new fault, a new series
         self.restarts += 1
         if self.restarts == 1:
-            warn(
+            log.warning(
                 f"the publisher process (pid {self.pid}) exited with status {code} before the run's end; "
                 "training is not affected and the journal keeps every frame. Restarted after "
                 f"{self.backoff.delay(1):g} s, then with a doubling delay up to {self.backoff.limit:g} s while it "
                 "keeps dying; it resumes from what each tracker holds (warned once, counted in restarts)",
-                stacklevel=user_stacklevel(),
             )
         if self.backoff.failures < MAX_RESTARTS:
             self.backoff.failed()
             self._down = True
         elif not self._given_up:
             self._given_up = True
-            warn(f"the publisher process died {MAX_RESTARTS} times in a row; not restarted again. The "
-                 f"journal keeps every frame: `{self.command()}` publishes them", stacklevel=user_stacklevel())
+            log.warning(f"the publisher process died {MAX_RESTARTS} times in a row; not restarted again. The "
+                        f"journal keeps every frame: `{self.command()}` publishes them")
 
     def wait(self, timeout: float) -> bool:
         """Wait for the publisher to close the trackers (it does on the journal's end record). One

@@ -19,7 +19,7 @@ from ...core.keys import KeyInfo
 from ...core.redact import key_text, param_text, redact, redact_text
 from ...core.summary import RunSummary
 from ...core.warn import warn
-from ..base import RunInfo
+from ..base import RunInfo, Sink
 from ..factory import run_path
 from ..views import MLFLOW_VIEW_TAG, mlflow_view_state
 from .direct import DIRECT_POINTS, _SqlitePoints
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 __all__ = ["MlflowSink"]
 
 
-class MlflowSink:
+class MlflowSink(Sink):
     """Publishes frames to an MLflow run through :class:`mlflow.MlflowClient` (no global state, so
     several sinks can coexist), with MLflow's asynchronous batch logging. See the package docstring
     for what MLflow shows and the failure policy.
@@ -62,6 +62,8 @@ class MlflowSink:
     """
 
     name = "mlflow"
+    config_type = "mlflow"  # rebuilt from its options in the publisher process
+    path_options = ("dir",)
     stores_nonfinite = frozenset({"nan"})
 
     def __init__(
@@ -496,14 +498,6 @@ class MlflowSink:
             self._sender.end_batch()
 
     # ------------------------------------------------------------------ the publisher process
-    def to_config(self) -> dict[str, Any]:
-        """This sink as a config (what the publisher process builds it from)."""
-        return {"type": "mlflow", "tracking_uri": self._uri_arg, "dir": str(self.dir.resolve()),
-                "experiment_name": self.experiment, "run_name": self.run_name, "tags": self.tags,
-                "run_id": self._run_id_arg, "http_max_retries": self.http_max_retries,
-                "http_timeout": self.http_timeout, "http_backoff_factor": self.http_backoff_factor,
-                "max_pending": self.max_pending, "backlog": self.backlog, "drain_timeout": self.drain_timeout}
-
     def held_points(self, run_id: str, name: str, keys: Any) -> Any:
         """The (key, step) points MLflow already holds for the run tagged ``run_id``."""
         _import_mlflow()

@@ -17,7 +17,7 @@ from ...core.keys import KeyInfo
 from ...core.summary import RunSummary
 from ...core.values import Scalar
 from ...core.warn import warn
-from ..base import RunInfo
+from ..base import RunInfo, Sink
 from ..factory import run_path, safe_name
 from .events import _F, _MAX_ENCODINGS, _STEPS, _WALL, _Encoding, _EventFile, _import_tensorboard, _varint
 from .layout import Category, dashboard_layout, written_layout
@@ -45,7 +45,7 @@ END_TAG = "posttrain_metrics/end"
 _F32_OVERFLOW = 2.0**128 * (1.0 - 2.0**-25)
 
 
-class TensorBoardSink:
+class TensorBoardSink(Sink):
     """Writes a run to TensorBoard event files under ``log_dir`` (see the package docstring).
 
     ``log_dir`` is the run's own directory (point TensorBoard at its parent to compare runs);
@@ -57,6 +57,8 @@ class TensorBoardSink:
     """
 
     name = "tensorboard"
+    config_type = "tensorboard"  # rebuilt from its options in the publisher process
+    path_options = ("log_dir",)
     stores_nonfinite = frozenset({"nan", "inf"})
 
     def __init__(
@@ -307,11 +309,6 @@ class TensorBoardSink:
             self._write_hparams(self._run, self._summary, self.path, status, reason)
 
     # -- the publisher process ---------------------------------------------------------------------
-
-    def to_config(self) -> dict[str, Any]:
-        """This sink as a config (what the publisher process builds it from)."""
-        return {"type": "tensorboard", "log_dir": os.path.abspath(str(self.log_dir)), "flush": self.flush,
-                "layout": self.layout, "hparams": self.hparams}
 
     def held_points(self, run_id: str, name: str, keys: Iterable[str]) -> Any:
         """The (tag, step) points the log dir already holds (read back with ``EventAccumulator``)."""

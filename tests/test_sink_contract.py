@@ -1,0 +1,101 @@
+"""The sink contract (issue 26 item 2): one base class, ``Sink``, with no-op optional hooks.
+
+Every sink of the package subclasses it; a plain object with the three methods is still accepted
+(wrapped), and one that defines an optional hook without subclassing is refused with the fix, never
+silently ignored. A sink keeps the options it was built with; a tracker sink is rebuilt from them in
+the publisher process.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from posttrain_metrics import MetricsError
+from posttrain_metrics.core.frame import Frame
+from posttrain_metrics.integrations import MemorySink
+from posttrain_metrics.integrations.base import Sink, as_sink
+from posttrain_metrics.integrations.factory import SINK_TYPES, build_sink
+from posttrain_metrics.journal import JournalSink
+from posttrain_metrics.publication import Publisher
+
+
+@pytest.mark.parametrize("kind", sorted(SINK_TYPES))
+def test_every_sink_type_subclasses_sink(kind: str) -> None:
+    module, name, _, _ = SINK_TYPES[kind]
+    assert issubclass(getattr(importlib.import_module(module), name), Sink)
+
+
+class Plain:
+    name = "plain"
+    stores_nonfinite = frozenset({"nan", "inf"})
+
+    def __init__(self) -> None:
+        self.frames: list[Frame] = []
+        self.closes: list[bool] = []
+
+    def start(self, run: Any) -> None:
+        pass
+
+    def write(self, frame: Frame) -> None:
+        self.frames.append(frame)
+
+    def close(self, *, failed: bool = False) -> None:
+        self.closes.append(failed)
+
+
+def test_a_plain_object_with_the_three_methods_is_wrapped_and_fed(tmp_path: Path) -> None:
+    plain = Plain()
+    pub = Publisher([JournalSink(tmp_path / "journal.jsonl"), plain], adapters="trainer", mode="inline")
+    pub.start({})
+    pub.publish(Frame(1, {"optim/grad_norm": 1.5}, "train", 1.0))
+    pub.close(status="killed")
+    assert [f.step for f in plain.frames] == [1] and plain.closes == [True]  # killed: a failed end
+    assert pub.failures == {}
+
+
+def test_a_plain_object_with_an_optional_hook_is_refused_with_the_fix() -> None:
+    class Attaching(Plain):
+        def attach(self, files: Any) -> None:
+            pass
+
+    with pytest.raises(MetricsError, match=r"defines \['attach'\] .* fix: class Attaching\(Sink\)"):
+        as_sink(Attaching())
+    with pytest.raises(MetricsError, match="a sink must be a mapping"):
+        build_sink(object())  # type: ignore[arg-type]
+
+
+def test_the_hooks_default_to_nothing_and_say_what_a_sink_takes() -> None:
+    sink = MemorySink()
+    assert sink.ready() and sink.held_points("r", "n", ["k"]) == {} and sink.run_handles() == {}
+    assert sink.run_settings() == {} and sink.to_config() is None
+    assert not sink.takes_samples and not sink.takes_files
+
+    class Taker(MemorySink):
+        def write_samples(self, samples: Any) -> None:
+            pass
+
+    assert Taker().takes_samples and not Taker().takes_files
+
+
+def test_a_tracker_sink_keeps_the_options_it_was_built_with(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    from posttrain_metrics.integrations.tensorboard import TensorBoardSink
+
+    sink = TensorBoardSink(log_dir="tb/{run_id}", flush=5)
+    assert sink.options == {"log_dir": "tb/{run_id}", "flush": 5}
+    assert sink.to_config() == {"type": "tensorboard", "log_dir": os.path.join(str(tmp_path), "tb/{run_id}"),
+                                "flush": 5}
+    built = build_sink({"type": "tensorboard", "flush": 3}, out_dir=tmp_path / "out")
+    assert built.to_config() == {"type": "tensorboard", "flush": 3,
+                                 "log_dir": str((tmp_path / "out").resolve() / "tensorboard/{name}-{run_id}")}
+    assert JournalSink(tmp_path / "j.jsonl").to_config() is None  # written in the training process
+
+    class Mine(TensorBoardSink):  # not what the factory builds: fed in the training process, as it is
+        pass
+
+    assert Mine(log_dir="tb").to_config() is None
