@@ -1,5 +1,5 @@
 """One rank's window clock, stage timers and memory probe, and the ``perf/`` figures derived after the
-reduction (issue 28; the keys are declared in :mod:`posttrain_metrics.core.catalog.perf`).
+reduction (the keys are declared in :mod:`posttrain_metrics.core.catalog.perf`).
 
 The training thread's work per window is a clock read, a few dict entries (the window time, the
 stage timers, the memory peak) added to the window as one more chunk, and after the reduction a few

@@ -20,7 +20,7 @@ A training frame and a validation frame of the same step are two rows with the s
 `trainer/step`. Each row's `_timestamp` is the frame's wall time, so a replayed run keeps its
 real clock.
 
-**Alternate x-axes (issue 28).** With throughput on (`perf`), the run's cumulative tokens, samples
+**Alternate x-axes.** With throughput on (`perf`), the run's cumulative tokens, samples
 and training time (`perf/tokens_total`, `perf/samples_total`, `perf/time_s`) are defined as step
 metrics beside `trainer/step` (each with a `max` summary: the run's total), so any chart can
 select them as its x-axis; `x_axis="tokens"` (or `"samples"`, `"time"`) binds every namespace to

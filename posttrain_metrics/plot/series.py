@@ -344,7 +344,7 @@ def _band(a: _Points | None, b: _Points | None) -> tuple[Series, Series]:
     return [(s, x) for s, (x, _) in ordered if x == x], [(s, y) for s, (_, y) in ordered if y == y]
 
 
-# -- alternate x-axes (issue 28): the run's cumulative tokens, samples or time instead of the step ------
+# -- alternate x-axes: the run's cumulative tokens, samples or time instead of the step ------
 
 X_AXES = {"step": "", "tokens": "perf/tokens_total", "samples": "perf/samples_total", "time": "perf/time_s"}
 

@@ -1,4 +1,4 @@
-"""Throughput, step time, MFU and memory: the ``perf/`` namespace (issue 28).
+"""Throughput, step time, MFU and memory: the ``perf/`` namespace.
 
 Two kinds of keys. *Reduced* keys travel in the step's one collective like every other key: the
 window's wall time on each rank's training clock (``perf/window_s``: the MAX over ranks, since the
