@@ -165,6 +165,27 @@ def test_callback_publishes_perf_and_timers_and_refuses_timer_without_perf() -> 
     plain.on_run_end()
 
 
+def test_a_first_window_whose_start_is_unknown_has_no_time_and_no_rate() -> None:
+    """Without on_run_start (the sinks start lazily) or a timer, the clock starts at the first chunk's
+    end: the work of that chunk is not in the window, so the window has no time (tokens/s would read
+    1000 x too high here), its tokens still count; the next window is timed in full."""
+    clock = Clock()
+    cb = MetricsCallback(adapters=["grpo"], sinks=[{"type": "memory"}], publisher="inline",
+                         perf=Throughput(clock=clock, memory=False))
+    frames = []
+    with cb:
+        for step in (1, 2):
+            clock.t += 1.0  # the chunk's work
+            cb.on_chunk_end({"grpo_valid_token_count": 100})
+            clock.t += 0.001
+            frames.append(cb.on_window_end(step).metrics)
+    first, second = frames
+    assert "perf/window_s" not in first and "perf/tokens_per_s" not in first, first
+    assert first["perf/tokens_total"] == 100 and first["perf/time_s"] == 0.0
+    assert second["perf/window_s"] == pytest.approx(1.001) and second["perf/tokens_per_s"] == pytest.approx(100 / 1.001)
+    assert second["perf/tokens_total"] == 200 and second["perf/time_s"] == pytest.approx(1.001)
+
+
 def test_callback_config_takes_perf_options() -> None:
     cb = build_callback({"adapters": ["grpo"], "sinks": [{"type": "memory"}],
                          "perf": {"timers": ["decode"], "params": 1e9, "peak_flops": 1e12}})

@@ -224,7 +224,7 @@ class MetricsCallback:
         self._fixed = True
         self._reducer("train").add(metrics)
         if self._perf is not None:
-            self._perf.start()
+            self._perf.start(late=True)  # no on_run_start nor timer before: this window's time is unknown
 
     def on_window_end(self, step: int) -> Frame:
         """End of an optimizer window: reduce on every rank, publish on rank 0."""

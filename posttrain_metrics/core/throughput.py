@@ -143,16 +143,20 @@ class Throughput:
         self.memory = memory
         self._probe: Callable[[dict[str, Scalar]], None] | None = None
         self._mark: float | None = None
+        self._unknown_start = False  # the clock started at a chunk's end: this window's time is unknown
         self._spent: dict[str, float] = {}
         self._open: set[str] = set()
         self.tokens_total: int | float = 0
         self.samples_total: int | float = 0
         self.time_s = 0.0
 
-    def start(self) -> None:
-        """Start the clock (the first window is timed from here), unless it already runs."""
+    def start(self, *, late: bool = False) -> None:
+        """Start the clock (the first window is timed from here), unless it already runs. ``late``:
+        started after some of the window's work (at its first chunk's end), so that window has no
+        time (nor rate); its counts still add up."""
         if self._mark is None:
             self._mark = self.clock()
+            self._unknown_start = late
 
     def timer(self, name: str) -> contextlib.AbstractContextManager[None]:
         """Time a stage of the window. Repeated timings of ``name`` add up, and so do different
@@ -166,10 +170,12 @@ class Throughput:
 
     def window_chunk(self) -> dict[str, Scalar]:
         """End this rank's window: its wall time, stage times and memory peak, as one chunk."""
-        now = self.clock()
-        elapsed = now - (self._mark if self._mark is not None else now)
+        now, mark = self.clock(), self._mark
         self._mark = now
-        chunk: dict[str, Scalar] = {"perf_window_s": elapsed, "perf_window_s_mean": elapsed}
+        chunk: dict[str, Scalar] = {}
+        if mark is not None and not self._unknown_start:  # else the window's start is unknown: no time
+            chunk["perf_window_s"] = chunk["perf_window_s_mean"] = now - mark
+        self._unknown_start = False
         if self._spent:
             keys = self._keys
             for name, spent in self._spent.items():
