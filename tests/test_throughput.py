@@ -71,6 +71,21 @@ def test_derived_figures_by_hand_and_running_totals() -> None:
     assert "perf/samples_per_s" not in t.derive({"perf/window_s": 2.0})
 
 
+def test_a_total_with_no_count_yet_is_absent_not_zero() -> None:
+    """Absent is not zero: a run with no sample count (grpo alone) has no perf/samples_total, not a
+    column of zeros that an x-axis would draw every point at; once a count is seen the total runs on."""
+    t = Throughput(memory=False)
+    first = t.derive({"perf/window_s": 2.0, "train/valid_token_count": 10})
+    assert first["perf/tokens_total"] == 10 and first["perf/time_s"] == 2.0
+    assert "perf/samples_total" not in first and "perf/samples_per_s" not in first
+    assert "perf/tokens_total" not in Throughput(memory=False).derive({"perf/window_s": 1.0})
+    assert "perf/time_s" not in Throughput(memory=False).derive({"train/valid_token_count": 3})
+    second = t.derive({"perf/window_s": 1.0, "perf/samples": 4})
+    assert second["perf/samples_total"] == 4 and second["perf/tokens_total"] == 10 and second["perf/time_s"] == 3.0
+    third = t.derive({"perf/window_s": 1.0})  # no count this window: the totals stay where they were
+    assert (third["perf/tokens_total"], third["perf/samples_total"]) == (10, 4)
+
+
 def test_derive_does_not_mutate_the_reduced_figures() -> None:
     metrics = {"perf/window_s": 2.0, "train/valid_token_count": 8}
     Throughput(memory=False).derive(metrics)
@@ -181,7 +196,7 @@ def test_a_first_window_whose_start_is_unknown_has_no_time_and_no_rate() -> None
             frames.append(cb.on_window_end(step).metrics)
     first, second = frames
     assert "perf/window_s" not in first and "perf/tokens_per_s" not in first, first
-    assert first["perf/tokens_total"] == 100 and first["perf/time_s"] == 0.0
+    assert first["perf/tokens_total"] == 100 and "perf/time_s" not in first
     assert second["perf/window_s"] == pytest.approx(1.001) and second["perf/tokens_per_s"] == pytest.approx(100 / 1.001)
     assert second["perf/tokens_total"] == 200 and second["perf/time_s"] == pytest.approx(1.001)
 

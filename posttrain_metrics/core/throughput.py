@@ -146,9 +146,10 @@ class Throughput:
         self._unknown_start = False  # the clock started at a chunk's end: this window's time is unknown
         self._spent: dict[str, float] = {}
         self._open: set[str] = set()
-        self.tokens_total: int | float = 0
-        self.samples_total: int | float = 0
-        self.time_s = 0.0
+        # the running totals: None until a window counted one (absent is not zero)
+        self.tokens_total: int | float | None = None
+        self.samples_total: int | float | None = None
+        self.time_s: float | None = None
 
     def start(self, *, late: bool = False) -> None:
         """Start the clock (the first window is timed from here), unless it already runs. ``late``:
@@ -198,17 +199,17 @@ class Throughput:
     def figures(self, metrics: Mapping[str, Scalar]) -> dict[str, Scalar]:
         """The derived ``perf/`` keys of a window from its reduced figures, and the running totals
         moved on. Identical on every rank: it reads reduced figures only. A window with no time
-        keeps its counts, no rates."""
+        keeps its counts, no rates; a total is absent until a window counted it."""
         out: dict[str, Scalar] = {}
         window = metrics.get("perf/window_s")
         tokens = _first(metrics, _TOKENS)
         samples = _first(metrics, _SAMPLES)
         if tokens is not None:
-            self.tokens_total += tokens
+            self.tokens_total = (self.tokens_total or 0) + tokens
         if samples is not None:
-            self.samples_total += samples
+            self.samples_total = (self.samples_total or 0) + samples
         if isinstance(window, (int, float)) and math.isfinite(window):
-            self.time_s += window
+            self.time_s = (self.time_s or 0.0) + window
             if window > 0:
                 if tokens is not None:
                     out["perf/tokens_per_s"] = tokens / window
@@ -217,9 +218,10 @@ class Throughput:
                 mfu = self._mfu(metrics, tokens, window)
                 if mfu is not None:
                     out["perf/mfu"] = mfu
-        out["perf/tokens_total"] = self.tokens_total
-        out["perf/samples_total"] = self.samples_total
-        out["perf/time_s"] = self.time_s
+        for key, total in (("perf/tokens_total", self.tokens_total), ("perf/samples_total", self.samples_total),
+                           ("perf/time_s", self.time_s)):
+            if total is not None:
+                out[key] = total
         return out
 
     def _mfu(self, metrics: Mapping[str, Scalar], tokens: float | None, window: float) -> float | None:
