@@ -201,6 +201,36 @@ def test_a_first_window_whose_start_is_unknown_has_no_time_and_no_rate() -> None
     assert second["perf/tokens_total"] == 200 and second["perf/time_s"] == pytest.approx(1.001)
 
 
+def test_totals_across_a_discarded_window_and_a_validation() -> None:
+    """Pins docs/throughput.md: a window every rank discarded (a bad source name) counts in no total and
+    its stage time does not leak into the next; a validation counts no token and its time is in the
+    next training window. Figures by hand from the injected clock."""
+    clock = Clock()
+    cb = MetricsCallback(adapters=["grpo", "validation"], sinks=[{"type": "memory"}], publisher="inline",
+                         perf=Throughput(clock=clock, memory=False))
+    with cb:
+        cb.on_run_start()
+        cb.on_chunk_end({"grpo_valid_token_count": 100})
+        clock.t = 2.0
+        first = cb.on_window_end(1).metrics
+        with cb.timer("generation"):
+            clock.t += 0.5
+        cb.on_chunk_end({"grpo_valid_token_count": 30, "not_a_source": 1.0})
+        clock.t = 5.0
+        with pytest.raises(MetricsError, match="not_a_source"):
+            cb.on_window_end(2)
+        clock.t = 6.0
+        val = cb.on_validation_end(2, {"reward_avg": 1.0}).metrics
+        cb.on_chunk_end({"grpo_valid_token_count": 50})
+        clock.t = 9.0
+        third = cb.on_window_end(3).metrics
+    assert (first["perf/tokens_total"], first["perf/time_s"]) == (100, 2.0)
+    assert val == {"val/reward_avg": 1.0}
+    assert third["perf/window_s"] == 4.0  # from the discarded window's end (5.0), the validation inside
+    assert (third["perf/tokens_total"], third["perf/time_s"], third["perf/tokens_per_s"]) == (150, 6.0, 12.5)
+    assert "timer/generation_s" not in third
+
+
 def test_callback_config_takes_perf_options() -> None:
     cb = build_callback({"adapters": ["grpo"], "sinks": [{"type": "memory"}],
                          "perf": {"timers": ["decode"], "params": 1e9, "peak_flops": 1e12}})
