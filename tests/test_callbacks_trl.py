@@ -399,6 +399,40 @@ def test_a_log_after_the_generation_window_does_not_republish_trls_interval_mean
     assert second.metrics["train/loss_avg"] == 1.0 and second.metrics["train/entropy_mean"] == 0.5
 
 
+def wrappable(callbacks: list[Any]) -> Any:
+    """A stand-in GRPOTrainer with what exact_grpo touches (the TRL check is patched out)."""
+    trainer = fake_trainer("token", 0)
+    for name in ("compute_loss", "_generate", "_calculate_rewards", "_generate_and_score_completions"):
+        setattr(trainer, name, lambda *a, **kw: None)
+    trainer.callback_handler = type("Handler", (), {"callbacks": callbacks})()
+    trainer.add_callback = callbacks.append
+    return trainer
+
+
+def test_exact_grpo_adds_the_callback_once_and_refuses_a_second_wrap_or_a_second_callback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from posttrain_metrics.callbacks import trl as exact
+
+    monkeypatch.setattr(exact, "check_trl", lambda trainer_class=None: "1.16.0")
+    metrics = PosttrainMetricsCallback(sinks=[{"type": "memory"}])
+    given = wrappable([metrics])  # already in callbacks=[...]
+    assert exact.exact_grpo(given, metrics) is given and given.callback_handler.callbacks == [metrics]
+    with pytest.raises(MetricsError, match="already wrapped"):
+        exact.exact_grpo(given, metrics)
+    bare = wrappable([])
+    other = PosttrainMetricsCallback(sinks=[{"type": "memory"}])
+    exact.exact_grpo(bare, other)
+    assert bare.callback_handler.callbacks == [other]
+    # another PosttrainMetricsCallback already on the trainer: two publishers of one run, the exact
+    # figures in one and TRL's means in the other
+    third = PosttrainMetricsCallback(sinks=[{"type": "memory"}])
+    with pytest.raises(MetricsError, match="another PosttrainMetricsCallback"):
+        exact.exact_grpo(wrappable([third]), PosttrainMetricsCallback(sinks=[{"type": "memory"}]))
+    for cb in (metrics, other, third):
+        cb.on_run_end()
+
+
 if __name__ == "__main__":
     _, flag, kind, where = sys.argv
     assert flag == "--worker"
