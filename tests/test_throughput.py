@@ -113,6 +113,16 @@ def test_mfu_without_a_known_peak_is_an_error_when_built() -> None:
         Throughput(params=-1, peak_flops=1e12)
 
 
+def test_a_number_read_as_text_by_pyyaml_gets_the_yaml_fix() -> None:
+    """PyYAML reads ``params: 7.0e9`` (the docs' form, fine under Hydra/OmegaConf) as the string '7.0e9'."""
+    import yaml
+
+    perf = yaml.safe_load("params: 7.0e9\npeak_flops: 1.0e12")
+    assert perf == {"params": "7.0e9", "peak_flops": "1.0e12"}
+    with pytest.raises(MetricsError, match=r"params='7.0e9' is text.*7\.0e\+9"):
+        build_callback({"adapters": ["grpo"], "sinks": [{"type": "memory"}], "perf": perf})
+
+
 @pytest.mark.parametrize(("name", "peak"), [
     ("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H100 PCIe", 756e12), ("NVIDIA A100-SXM4-80GB", 312e12),
     ("NVIDIA L40S", 362e12), ("NVIDIA L4", 121e12), ("NVIDIA A10G", 70e12), ("Tesla T4", 65e12),

@@ -18,7 +18,7 @@ In a config (Hydra/OmegaConf ``instantiate``, or :func:`build_callback` without 
     extra:                          # your own keys, one line each (see posttrain_metrics.core.extra)
       my/tokens_per_s: mean
       my/oom_retries: sum
-    perf: {params: 7.0e9, timers: [generation, reward]}   # perf/ and timer/ keys (docs/throughput.md)
+    perf: {params: 7.0e+9, timers: [generation, reward]}   # perf/ and timer/ keys (docs/throughput.md)
 """
 
 from __future__ import annotations
@@ -399,7 +399,7 @@ def _throughput(perf: object) -> Throughput | None:
         if isinstance(timers, str):
             timers = [timers]
         return Throughput(**{**plain(dict(perf)), "timers": list(timers)})
-    raise MetricsError(f"perf={perf!r:.60}; fix: True, False, or a mapping such as {{params: 7.0e9, timers: [generation]}}")
+    raise MetricsError(f"perf={perf!r:.60}; fix: True, False, or a mapping such as {{params: 7.0e+9, timers: [generation]}}")
 
 
 def build_callback(config: Mapping[str, Any]) -> MetricsCallback:

@@ -100,6 +100,9 @@ def timer_declarations(names: Iterable[str]) -> dict[str, dict[str, str]]:
 def _positive(name: str, value: Any) -> float | None:
     if value is None:
         return None
+    if isinstance(value, str):  # PyYAML reads 7.0e9 (no sign in the exponent) as text
+        raise MetricsError(f"perf: {name}={value!r:.40} is text, not a number; fix: a number (in YAML read "
+                           "by PyYAML write 7.0e+9, not 7.0e9)")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise MetricsError(f"perf: {name}={value!r:.40}; fix: a positive number (or leave it out)")
     return float(value)
