@@ -86,6 +86,22 @@ def test_a_total_with_no_count_yet_is_absent_not_zero() -> None:
     assert (third["perf/tokens_total"], third["perf/samples_total"]) == (10, 4)
 
 
+def test_a_run_counts_samples_from_one_source_not_a_fallback_per_window() -> None:
+    """GSPO with exact_grpo and a generation every 2 optimizer steps: the generation windows carry
+    train/rollout_count (4 rollouts), every window train/valid_sequence_count (the rows trained on).
+    Samples are the rollouts: a window without them must not fall back to the rows, which would
+    count each rollout twice in perf/samples_total (8 here, not 4)."""
+    t = Throughput(memory=False)
+    first = t.derive({"perf/window_s": 1.0, "train/rollout_count": 4, "train/valid_sequence_count": 4})
+    second = t.derive({"perf/window_s": 1.0, "train/valid_sequence_count": 4})
+    assert first["perf/samples_per_s"] == 4.0 and first["perf/samples_total"] == 4
+    assert "perf/samples_per_s" not in second and second["perf/samples_total"] == 4
+    # a run whose only count is the rows keeps using them
+    rows = Throughput(memory=False)
+    rows.derive({"perf/window_s": 1.0, "train/valid_sequence_count": 3})
+    assert rows.derive({"perf/window_s": 1.0, "train/valid_sequence_count": 3})["perf/samples_total"] == 6
+
+
 def test_derive_does_not_mutate_the_reduced_figures() -> None:
     metrics = {"perf/window_s": 2.0, "train/valid_token_count": 8}
     Throughput(memory=False).derive(metrics)

@@ -153,6 +153,7 @@ class Throughput:
         self.tokens_total: int | float | None = None
         self.samples_total: int | float | None = None
         self.time_s: float | None = None
+        self._rollouts_seen = False  # a window reported train/rollout_count or perf/samples
 
     def start(self, *, late: bool = False) -> None:
         """Start the clock (the first window is timed from here), unless it already runs. ``late``:
@@ -205,8 +206,8 @@ class Throughput:
         keeps its counts, no rates; a total is absent until a window counted it."""
         out: dict[str, Scalar] = {}
         window = metrics.get("perf/window_s")
-        tokens = _first(metrics, _TOKENS)
-        samples = _first(metrics, _SAMPLES)
+        tokens = _value(_first(metrics, _TOKENS))
+        samples = self._samples(metrics)
         if tokens is not None:
             self.tokens_total = (self.tokens_total or 0) + tokens
         if samples is not None:
@@ -226,6 +227,16 @@ class Throughput:
             if total is not None:
                 out[key] = total
         return out
+
+    def _samples(self, metrics: Mapping[str, Scalar]) -> int | float | None:
+        """The window's samples: its rollouts (or the producer's own count); the sequences trained on
+        stand in only in a run that never reported either. Between two generations (GSPO with
+        exact_grpo, several optimizer steps per generation) the rows trained on are not new samples."""
+        found = _first(metrics, _SAMPLES[:-1] if self._rollouts_seen else _SAMPLES)
+        if found is None:
+            return None
+        self._rollouts_seen = self._rollouts_seen or found[0] < len(_SAMPLES) - 1
+        return found[1]
 
     def _mfu(self, metrics: Mapping[str, Scalar], tokens: float | None, window: float) -> float | None:
         peak = metrics.get("perf/peak_flops")
@@ -267,11 +278,15 @@ class _Timer:
         owner._spent[name] = owner._spent.get(name, 0.0) + (owner.clock() - self.begin)
 
 
-def _first(metrics: Mapping[str, Scalar], keys: tuple[str, ...]) -> int | float | None:
-    for key in keys:
+def _value(found: tuple[int, int | float] | None) -> int | float | None:
+    return None if found is None else found[1]
+
+
+def _first(metrics: Mapping[str, Scalar], keys: tuple[str, ...]) -> tuple[int, int | float] | None:
+    for i, key in enumerate(keys):
         value = metrics.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-            return value
+            return i, value
     return None
 
 
