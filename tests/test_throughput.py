@@ -359,6 +359,38 @@ def test_hugging_face_callback_publishes_perf_and_timers() -> None:
     assert got == [(1, 50.0, 100, 0.25), (2, 100.0, 300, 0.25)]
 
 
+def test_hugging_face_logged_values_unit_weights_are_not_tokens_or_samples() -> None:
+    """The callback alone: TRL's logged kl / clip ratio / reward are contributed with a unit weight
+    (train/valid_token_count = 1, train/rollout_count = 1, never published). Those are not counts:
+    no tokens/s or samples/s from them, no total; the window time is still there."""
+    from types import SimpleNamespace
+
+    import transformers
+
+    from posttrain_metrics.callbacks.transformers import PosttrainMetricsCallback
+    from posttrain_metrics.integrations.memory import MemorySink
+
+    clock, sink = Clock(), MemorySink()
+    cb = PosttrainMetricsCallback(sinks=[sink], perf=Throughput(clock=clock, memory=False))
+    args = type("GRPOConfig", (SimpleNamespace,), {})(
+        importance_sampling_level="token", use_bias_correction_kl=False, logging_steps=1, logging_strategy="steps",
+        gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=1, beta=0.04, to_dict=dict)
+    state, control = transformers.TrainerState(), transformers.TrainerControl()
+    cb.on_train_begin(args, state, control)
+    state.global_step = 1
+    cb.on_step_begin(args, state, control)
+    clock.t = 2.0
+    control.should_log = True
+    cb.on_step_end(args, state, control)
+    cb.on_log(args, state, control, logs={"loss": 1.0, "kl": 0.1, "clip_ratio/region_mean": 0.2, "reward": 0.5,
+                                          "completions/mean_length": 5.0})
+    cb.on_train_end(args, state, control)
+    (frame,) = sink.frames
+    m = frame.metrics
+    assert m["train/kl_mean"] == 0.1 and m["train/reward_mean"] == 0.5 and m["perf/window_s"] == 2.0
+    assert not {"perf/tokens_per_s", "perf/samples_per_s", "perf/tokens_total", "perf/samples_total"} & set(m), m
+
+
 def test_lightning_callback_publishes_perf_and_timers() -> None:
     from posttrain_metrics.callbacks.lightning import LightningMetricsCallback
 

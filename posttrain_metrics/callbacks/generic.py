@@ -27,7 +27,7 @@ import contextlib
 import dataclasses
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -244,16 +244,18 @@ class MetricsCallback:
             raise MetricsError(f"timer({name!r}) needs throughput on; fix: MetricsCallback(..., perf=True)")
         return self._perf.timer(name)
 
-    def _reduce_train(self, step: int) -> Frame:
+    def _reduce_train(self, step: int, unit_weights: Collection[str] = ()) -> Frame:
         """Reduce the training window (collective), with this rank's window time, stage timers and
-        memory peak in the same collective, then the derived ``perf/`` figures (every rank)."""
+        memory peak in the same collective, then the derived ``perf/`` figures (every rank).
+        ``unit_weights``: keys that carry a unit weight, not a count, left out of the figures."""
         reducer = self._reducer("train")
         perf = self._perf
         if perf is None:
             return reducer.reduce(step, phase="train")
         reducer.add(perf.window_chunk())
         frame = reducer.reduce(step, phase="train")
-        figures = perf.figures(frame.metrics)
+        counted = {k: v for k, v in frame.metrics.items() if k not in unit_weights} if unit_weights else frame.metrics
+        figures = perf.figures(counted)
         metrics = frame.metrics
         if isinstance(metrics, dict):  # the reducer's fresh dict, ours alone: no copy on the hot path
             metrics.update(figures)

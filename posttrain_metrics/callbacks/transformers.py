@@ -360,7 +360,7 @@ class PosttrainMetricsCallback(TrainerCallback, MetricsCallback):  # type: ignor
         reducer = self._reducer("train")
         if out.chunk and global_rank() == 0:  # already-global values: contributed exactly once
             reducer.add(out.chunk)
-        self._emit(self._reduce_train(step), out)
+        self._emit(self._reduce_train(step, out.unit_weights), out)
 
     def _close_eval(self, step: int, args: Any, logs: Mapping[str, Any]) -> None:
         self._close_open_window(args)
