@@ -361,6 +361,78 @@ def test_generation_figures_take_each_ranks_completions_and_the_population_std()
     assert chunks[0][0]["train/reward_f_count"] == 2 and chunks[1][0]["train/reward_f_count"] == 3
 
 
+def test_a_log_after_the_generation_window_does_not_republish_trls_interval_mean() -> None:
+    """logging_steps=2 with a generation every 2 optimizer steps (num_iterations=2): the generation is
+    recorded exactly in window 1; TRL's log at step 2 repeats it (its mean over the interval's
+    generations), which must not come back as train/response_len_mean or train/reward_mean at step 2."""
+    from types import SimpleNamespace
+
+    from posttrain_metrics.callbacks.trl import _Recorder, _supersede
+    from posttrain_metrics.integrations.memory import MemorySink
+
+    sink = MemorySink()
+    cb = PosttrainMetricsCallback(sinks=[sink])
+    trainer = fake_trainer("token", 0)
+    _supersede(cb, _Recorder(trainer, "1.16.0"), [])
+    args = type("GRPOConfig", (SimpleNamespace,), {})(
+        importance_sampling_level="token", use_bias_correction_kl=False, logging_steps=2, logging_strategy="steps",
+        gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=2, beta=0.0, to_dict=dict)
+    state, control = transformers.TrainerState(), transformers.TrainerControl()
+    cb.on_train_begin(args, state, control)
+    loss = {"grpo_valid_token_count": 10, "trl_exact_policy_token_count": 10, "trl_exact_entropy_mean": 0.5}
+    for step in (1, 2):
+        state.global_step = step
+        cb.on_step_begin(args, state, control)
+        if step == 1:  # the generation of both windows
+            cb.on_chunk_end({"grpo_response_count": 4, "grpo_response_len_mean": 3.0, "rollout_count": 4,
+                             "reward_mean": 0.25})
+        cb.on_chunk_end(loss)
+        control.should_log = step == 2
+        cb.on_step_end(args, state, control)
+    cb.on_log(args, state, control, logs={"loss": 1.0, "entropy": 0.5, "completions/mean_length": 7.0,
+                                          "reward": 0.75, "epoch": 1.0})
+    cb.on_train_end(args, state, control)
+    first, second = sink.frames
+    assert first.metrics["train/response_len_mean"] == 3.0 and first.metrics["train/reward_mean"] == 0.25
+    assert "train/response_len_mean" not in second.metrics, second.metrics
+    assert "train/reward_mean" not in second.metrics, second.metrics
+    assert second.metrics["train/loss_avg"] == 1.0 and second.metrics["train/entropy_mean"] == 0.5
+
+
+def wrappable(callbacks: list[Any]) -> Any:
+    """A stand-in GRPOTrainer with what exact_grpo touches (the TRL check is patched out)."""
+    trainer = fake_trainer("token", 0)
+    for name in ("compute_loss", "_generate", "_calculate_rewards", "_generate_and_score_completions"):
+        setattr(trainer, name, lambda *a, **kw: None)
+    trainer.callback_handler = type("Handler", (), {"callbacks": callbacks})()
+    trainer.add_callback = callbacks.append
+    return trainer
+
+
+def test_exact_grpo_adds_the_callback_once_and_refuses_a_second_wrap_or_a_second_callback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from posttrain_metrics.callbacks import trl as exact
+
+    monkeypatch.setattr(exact, "check_trl", lambda trainer_class=None: "1.16.0")
+    metrics = PosttrainMetricsCallback(sinks=[{"type": "memory"}])
+    given = wrappable([metrics])  # already in callbacks=[...]
+    assert exact.exact_grpo(given, metrics) is given and given.callback_handler.callbacks == [metrics]
+    with pytest.raises(MetricsError, match="already wrapped"):
+        exact.exact_grpo(given, metrics)
+    bare = wrappable([])
+    other = PosttrainMetricsCallback(sinks=[{"type": "memory"}])
+    exact.exact_grpo(bare, other)
+    assert bare.callback_handler.callbacks == [other]
+    # another PosttrainMetricsCallback already on the trainer: two publishers of one run, the exact
+    # figures in one and TRL's means in the other
+    third = PosttrainMetricsCallback(sinks=[{"type": "memory"}])
+    with pytest.raises(MetricsError, match="another PosttrainMetricsCallback"):
+        exact.exact_grpo(wrappable([third]), PosttrainMetricsCallback(sinks=[{"type": "memory"}]))
+    for cb in (metrics, other, third):
+        cb.on_run_end()
+
+
 if __name__ == "__main__":
     _, flag, kind, where = sys.argv
     assert flag == "--worker"

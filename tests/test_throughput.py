@@ -71,6 +71,37 @@ def test_derived_figures_by_hand_and_running_totals() -> None:
     assert "perf/samples_per_s" not in t.derive({"perf/window_s": 2.0})
 
 
+def test_a_total_with_no_count_yet_is_absent_not_zero() -> None:
+    """Absent is not zero: a run with no sample count (grpo alone) has no perf/samples_total, not a
+    column of zeros that an x-axis would draw every point at; once a count is seen the total runs on."""
+    t = Throughput(memory=False)
+    first = t.derive({"perf/window_s": 2.0, "train/valid_token_count": 10})
+    assert first["perf/tokens_total"] == 10 and first["perf/time_s"] == 2.0
+    assert "perf/samples_total" not in first and "perf/samples_per_s" not in first
+    assert "perf/tokens_total" not in Throughput(memory=False).derive({"perf/window_s": 1.0})
+    assert "perf/time_s" not in Throughput(memory=False).derive({"train/valid_token_count": 3})
+    second = t.derive({"perf/window_s": 1.0, "perf/samples": 4})
+    assert second["perf/samples_total"] == 4 and second["perf/tokens_total"] == 10 and second["perf/time_s"] == 3.0
+    third = t.derive({"perf/window_s": 1.0})  # no count this window: the totals stay where they were
+    assert (third["perf/tokens_total"], third["perf/samples_total"]) == (10, 4)
+
+
+def test_a_run_counts_samples_from_one_source_not_a_fallback_per_window() -> None:
+    """GSPO with exact_grpo and a generation every 2 optimizer steps: the generation windows carry
+    train/rollout_count (4 rollouts), every window train/valid_sequence_count (the rows trained on).
+    Samples are the rollouts: a window without them must not fall back to the rows, which would
+    count each rollout twice in perf/samples_total (8 here, not 4)."""
+    t = Throughput(memory=False)
+    first = t.derive({"perf/window_s": 1.0, "train/rollout_count": 4, "train/valid_sequence_count": 4})
+    second = t.derive({"perf/window_s": 1.0, "train/valid_sequence_count": 4})
+    assert first["perf/samples_per_s"] == 4.0 and first["perf/samples_total"] == 4
+    assert "perf/samples_per_s" not in second and second["perf/samples_total"] == 4
+    # a run whose only count is the rows keeps using them
+    rows = Throughput(memory=False)
+    rows.derive({"perf/window_s": 1.0, "train/valid_sequence_count": 3})
+    assert rows.derive({"perf/window_s": 1.0, "train/valid_sequence_count": 3})["perf/samples_total"] == 6
+
+
 def test_derive_does_not_mutate_the_reduced_figures() -> None:
     metrics = {"perf/window_s": 2.0, "train/valid_token_count": 8}
     Throughput(memory=False).derive(metrics)
@@ -96,6 +127,16 @@ def test_mfu_without_a_known_peak_is_an_error_when_built() -> None:
         Throughput(params=1e9, memory=False)  # no CUDA device here to look up
     with pytest.raises(MetricsError, match="positive number"):
         Throughput(params=-1, peak_flops=1e12)
+
+
+def test_a_number_read_as_text_by_pyyaml_gets_the_yaml_fix() -> None:
+    """PyYAML reads ``params: 7.0e9`` (the docs' form, fine under Hydra/OmegaConf) as the string '7.0e9'."""
+    import yaml
+
+    perf = yaml.safe_load("params: 7.0e9\npeak_flops: 1.0e12")
+    assert perf == {"params": "7.0e9", "peak_flops": "1.0e12"}
+    with pytest.raises(MetricsError, match=r"params='7.0e9' is text.*7\.0e\+9"):
+        build_callback({"adapters": ["grpo"], "sinks": [{"type": "memory"}], "perf": perf})
 
 
 @pytest.mark.parametrize(("name", "peak"), [
@@ -163,6 +204,57 @@ def test_callback_publishes_perf_and_timers_and_refuses_timer_without_perf() -> 
     with pytest.raises(MetricsError, match="perf=True"):
         plain.timer("train")
     plain.on_run_end()
+
+
+def test_a_first_window_whose_start_is_unknown_has_no_time_and_no_rate() -> None:
+    """Without on_run_start (the sinks start lazily) or a timer, the clock starts at the first chunk's
+    end: the work of that chunk is not in the window, so the window has no time (tokens/s would read
+    1000 x too high here), its tokens still count; the next window is timed in full."""
+    clock = Clock()
+    cb = MetricsCallback(adapters=["grpo"], sinks=[{"type": "memory"}], publisher="inline",
+                         perf=Throughput(clock=clock, memory=False))
+    frames = []
+    with cb:
+        for step in (1, 2):
+            clock.t += 1.0  # the chunk's work
+            cb.on_chunk_end({"grpo_valid_token_count": 100})
+            clock.t += 0.001
+            frames.append(cb.on_window_end(step).metrics)
+    first, second = frames
+    assert "perf/window_s" not in first and "perf/tokens_per_s" not in first, first
+    assert first["perf/tokens_total"] == 100 and "perf/time_s" not in first
+    assert second["perf/window_s"] == pytest.approx(1.001) and second["perf/tokens_per_s"] == pytest.approx(100 / 1.001)
+    assert second["perf/tokens_total"] == 200 and second["perf/time_s"] == pytest.approx(1.001)
+
+
+def test_totals_across_a_discarded_window_and_a_validation() -> None:
+    """Pins docs/throughput.md: a window every rank discarded (a bad source name) counts in no total and
+    its stage time does not leak into the next; a validation counts no token and its time is in the
+    next training window. Figures by hand from the injected clock."""
+    clock = Clock()
+    cb = MetricsCallback(adapters=["grpo", "validation"], sinks=[{"type": "memory"}], publisher="inline",
+                         perf=Throughput(clock=clock, memory=False))
+    with cb:
+        cb.on_run_start()
+        cb.on_chunk_end({"grpo_valid_token_count": 100})
+        clock.t = 2.0
+        first = cb.on_window_end(1).metrics
+        with cb.timer("generation"):
+            clock.t += 0.5
+        cb.on_chunk_end({"grpo_valid_token_count": 30, "not_a_source": 1.0})
+        clock.t = 5.0
+        with pytest.raises(MetricsError, match="not_a_source"):
+            cb.on_window_end(2)
+        clock.t = 6.0
+        val = cb.on_validation_end(2, {"reward_avg": 1.0}).metrics
+        cb.on_chunk_end({"grpo_valid_token_count": 50})
+        clock.t = 9.0
+        third = cb.on_window_end(3).metrics
+    assert (first["perf/tokens_total"], first["perf/time_s"]) == (100, 2.0)
+    assert val == {"val/reward_avg": 1.0}
+    assert third["perf/window_s"] == 4.0  # from the discarded window's end (5.0), the validation inside
+    assert (third["perf/tokens_total"], third["perf/time_s"], third["perf/tokens_per_s"]) == (150, 6.0, 12.5)
+    assert "timer/generation_s" not in third
 
 
 def test_callback_config_takes_perf_options() -> None:
@@ -265,6 +357,38 @@ def test_hugging_face_callback_publishes_perf_and_timers() -> None:
     got = [(f.step, f.metrics["perf/tokens_per_s"], f.metrics["perf/tokens_total"], f.metrics["timer/generation_s"])
            for f in sink.frames]
     assert got == [(1, 50.0, 100, 0.25), (2, 100.0, 300, 0.25)]
+
+
+def test_hugging_face_logged_values_unit_weights_are_not_tokens_or_samples() -> None:
+    """The callback alone: TRL's logged kl / clip ratio / reward are contributed with a unit weight
+    (train/valid_token_count = 1, train/rollout_count = 1, never published). Those are not counts:
+    no tokens/s or samples/s from them, no total; the window time is still there."""
+    from types import SimpleNamespace
+
+    import transformers
+
+    from posttrain_metrics.callbacks.transformers import PosttrainMetricsCallback
+    from posttrain_metrics.integrations.memory import MemorySink
+
+    clock, sink = Clock(), MemorySink()
+    cb = PosttrainMetricsCallback(sinks=[sink], perf=Throughput(clock=clock, memory=False))
+    args = type("GRPOConfig", (SimpleNamespace,), {})(
+        importance_sampling_level="token", use_bias_correction_kl=False, logging_steps=1, logging_strategy="steps",
+        gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=1, beta=0.04, to_dict=dict)
+    state, control = transformers.TrainerState(), transformers.TrainerControl()
+    cb.on_train_begin(args, state, control)
+    state.global_step = 1
+    cb.on_step_begin(args, state, control)
+    clock.t = 2.0
+    control.should_log = True
+    cb.on_step_end(args, state, control)
+    cb.on_log(args, state, control, logs={"loss": 1.0, "kl": 0.1, "clip_ratio/region_mean": 0.2, "reward": 0.5,
+                                          "completions/mean_length": 5.0})
+    cb.on_train_end(args, state, control)
+    (frame,) = sink.frames
+    m = frame.metrics
+    assert m["train/kl_mean"] == 0.1 and m["train/reward_mean"] == 0.5 and m["perf/window_s"] == 2.0
+    assert not {"perf/tokens_per_s", "perf/samples_per_s", "perf/tokens_total", "perf/samples_total"} & set(m), m
 
 
 def test_lightning_callback_publishes_perf_and_timers() -> None:

@@ -18,7 +18,7 @@ In a config (Hydra/OmegaConf ``instantiate``, or :func:`build_callback` without 
     extra:                          # your own keys, one line each (see posttrain_metrics.core.extra)
       my/tokens_per_s: mean
       my/oom_retries: sum
-    perf: {params: 7.0e9, timers: [generation, reward]}   # perf/ and timer/ keys (docs/throughput.md)
+    perf: {params: 7.0e+9, timers: [generation, reward]}   # perf/ and timer/ keys (docs/throughput.md)
     health: {kl_spike: stop, default: warn}   # live health (docs/health.md): an action per doctor check
 """
 
@@ -28,7 +28,7 @@ import contextlib
 import dataclasses
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -279,7 +279,7 @@ class MetricsCallback:
         self._fixed = True
         self._reducer("train").add(metrics)
         if self._perf is not None:
-            self._perf.start()
+            self._perf.start(late=True)  # no on_run_start nor timer before: this window's time is unknown
 
     def on_window_end(self, step: int) -> Frame:
         """End of an optimizer window: reduce on every rank, publish on rank 0."""
@@ -299,16 +299,18 @@ class MetricsCallback:
             raise MetricsError(f"timer({name!r}) needs throughput on; fix: MetricsCallback(..., perf=True)")
         return self._perf.timer(name)
 
-    def _reduce_train(self, step: int) -> Frame:
+    def _reduce_train(self, step: int, unit_weights: Collection[str] = ()) -> Frame:
         """Reduce the training window (collective), with this rank's window time, stage timers and
-        memory peak in the same collective, then the derived ``perf/`` figures (every rank)."""
+        memory peak in the same collective, then the derived ``perf/`` figures (every rank).
+        ``unit_weights``: keys that carry a unit weight, not a count, left out of the figures."""
         reducer = self._reducer("train")
         perf = self._perf
         if perf is None:
             return reducer.reduce(step, phase="train")
         reducer.add(perf.window_chunk())
         frame = reducer.reduce(step, phase="train")
-        figures = perf.figures(frame.metrics)
+        counted = {k: v for k, v in frame.metrics.items() if k not in unit_weights} if unit_weights else frame.metrics
+        figures = perf.figures(counted)
         metrics = frame.metrics
         if isinstance(metrics, dict):  # the reducer's fresh dict, ours alone: no copy on the hot path
             metrics.update(figures)
@@ -462,7 +464,7 @@ def _throughput(perf: object) -> Throughput | None:
         if isinstance(timers, str):
             timers = [timers]
         return Throughput(**{**plain(dict(perf)), "timers": list(timers)})
-    raise MetricsError(f"perf={perf!r:.60}; fix: True, False, or a mapping such as {{params: 7.0e9, timers: [generation]}}")
+    raise MetricsError(f"perf={perf!r:.60}; fix: True, False, or a mapping such as {{params: 7.0e+9, timers: [generation]}}")
 
 
 def build_callback(config: Mapping[str, Any]) -> MetricsCallback:

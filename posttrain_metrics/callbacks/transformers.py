@@ -265,8 +265,9 @@ class PosttrainMetricsCallback(TrainerCallback, MetricsCallback):  # type: ignor
         self._announced: set[str] = set()  # pass-through keys already warned about
         self.superseded: dict[str, str] = {}
         """Logged key -> the source name recorded per micro-batch that replaces it (filled by
-        :func:`posttrain_metrics.callbacks.trl.exact_grpo`): a window that recorded the source does
-        not also publish the logged value, TRL's mean of means, under ``train/trl_<key>``."""
+        :func:`posttrain_metrics.callbacks.trl.exact_grpo`): a log whose interval recorded the source
+        does not also publish the logged value, TRL's mean of means over that interval."""
+        self._recorded_since_log: set[str] = set()  # source names recorded since the last train log
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> PosttrainMetricsCallback:
@@ -292,6 +293,7 @@ class PosttrainMetricsCallback(TrainerCallback, MetricsCallback):  # type: ignor
         super().on_chunk_end(metrics)
         if isinstance(metrics, Mapping):
             self._recorded.update(metrics)
+            self._recorded_since_log.update(metrics)
 
     # -- Trainer events ---------------------------------------------------------------------------
 
@@ -358,10 +360,12 @@ class PosttrainMetricsCallback(TrainerCallback, MetricsCallback):  # type: ignor
         self._open_step = None
         out = self._translate(logs, "train", args) if logs else _Translation()
         self._recorded.clear()
+        if logs:  # the next log's interval starts after this one
+            self._recorded_since_log.clear()
         reducer = self._reducer("train")
         if out.chunk and global_rank() == 0:  # already-global values: contributed exactly once
             reducer.add(out.chunk)
-        self._emit(self._reduce_train(step), out)
+        self._emit(self._reduce_train(step, out.unit_weights), out)
 
     def _close_eval(self, step: int, args: Any, logs: Mapping[str, Any]) -> None:
         self._close_open_window(args)
@@ -425,8 +429,8 @@ class PosttrainMetricsCallback(TrainerCallback, MetricsCallback):  # type: ignor
         for name, value in logs.items():
             if value is None:  # TRL logs None when every contribution was NaN: absent, not zero
                 continue
-            if phase == "train" and self.superseded.get(name) in self._recorded:
-                continue  # recorded exactly this window: TRL's interval mean would say it twice
+            if phase == "train" and self.superseded.get(name) in self._recorded_since_log:
+                continue  # recorded exactly in this log's interval: TRL's interval mean would say it twice
             if isinstance(value, bool) or not isinstance(value, numbers.Real):
                 fresh += self._note(name, f"not published: {type(value).__name__} {value!r:.40}")
                 continue

@@ -271,7 +271,8 @@ def exact_grpo(trainer: Any, metrics: PosttrainMetricsCallback) -> Any:
     here are then not published (the exact ones replace them); the others still pass through.
 
     Raises :class:`MetricsError` when TRL is outside :data:`SUPPORTED_TRL` or its internals moved,
-    when the trainer was already wrapped, or when ``metrics`` lacks an adapter the keys need.
+    when the trainer was already wrapped or already has another ``PosttrainMetricsCallback``, or when
+    ``metrics`` lacks an adapter the keys need.
     """
     if not isinstance(metrics, PosttrainMetricsCallback):
         raise MetricsError(
@@ -291,6 +292,13 @@ def exact_grpo(trainer: Any, metrics: PosttrainMetricsCallback) -> Any:
     if not isinstance(getattr(trainer, "_metrics", None), dict) or "train" not in trainer._metrics:
         raise MetricsError(f"exact_grpo: TRL {version}'s GRPOTrainer has no _metrics['train']; fix: pin "
                            f"trl=={TESTED_TRL}")
+    callbacks = list(getattr(getattr(trainer, "callback_handler", None), "callbacks", []))
+    if any(isinstance(c, PosttrainMetricsCallback) and c is not metrics for c in callbacks):
+        raise MetricsError(
+            "exact_grpo: the trainer already has another PosttrainMetricsCallback, which would publish TRL's "
+            "interval means as a second run beside this one's exact figures; fix: pass that same callback "
+            "to exact_grpo"
+        )
     for name in trainer.reward_func_names:  # the user's reward functions: one exact key each, declared
         metrics.declare(_reward_key(name, "count"), "sum", unit="completions",
                         meaning=f"Completions the reward function {name} scored (not None)")

@@ -100,6 +100,9 @@ def timer_declarations(names: Iterable[str]) -> dict[str, dict[str, str]]:
 def _positive(name: str, value: Any) -> float | None:
     if value is None:
         return None
+    if isinstance(value, str):  # PyYAML reads 7.0e9 (no sign in the exponent) as text
+        raise MetricsError(f"perf: {name}={value!r:.40} is text, not a number; fix: a number (in YAML read "
+                           "by PyYAML write 7.0e+9, not 7.0e9)")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise MetricsError(f"perf: {name}={value!r:.40}; fix: a positive number (or leave it out)")
     return float(value)
@@ -143,16 +146,22 @@ class Throughput:
         self.memory = memory
         self._probe: Callable[[dict[str, Scalar]], None] | None = None
         self._mark: float | None = None
+        self._unknown_start = False  # the clock started at a chunk's end: this window's time is unknown
         self._spent: dict[str, float] = {}
         self._open: set[str] = set()
-        self.tokens_total: int | float = 0
-        self.samples_total: int | float = 0
-        self.time_s = 0.0
+        # the running totals: None until a window counted one (absent is not zero)
+        self.tokens_total: int | float | None = None
+        self.samples_total: int | float | None = None
+        self.time_s: float | None = None
+        self._rollouts_seen = False  # a window reported train/rollout_count or perf/samples
 
-    def start(self) -> None:
-        """Start the clock (the first window is timed from here), unless it already runs."""
+    def start(self, *, late: bool = False) -> None:
+        """Start the clock (the first window is timed from here), unless it already runs. ``late``:
+        started after some of the window's work (at its first chunk's end), so that window has no
+        time (nor rate); its counts still add up."""
         if self._mark is None:
             self._mark = self.clock()
+            self._unknown_start = late
 
     def timer(self, name: str) -> contextlib.AbstractContextManager[None]:
         """Time a stage of the window. Repeated timings of ``name`` add up, and so do different
@@ -166,10 +175,12 @@ class Throughput:
 
     def window_chunk(self) -> dict[str, Scalar]:
         """End this rank's window: its wall time, stage times and memory peak, as one chunk."""
-        now = self.clock()
-        elapsed = now - (self._mark if self._mark is not None else now)
+        now, mark = self.clock(), self._mark
         self._mark = now
-        chunk: dict[str, Scalar] = {"perf_window_s": elapsed, "perf_window_s_mean": elapsed}
+        chunk: dict[str, Scalar] = {}
+        if mark is not None and not self._unknown_start:  # else the window's start is unknown: no time
+            chunk["perf_window_s"] = chunk["perf_window_s_mean"] = now - mark
+        self._unknown_start = False
         if self._spent:
             keys = self._keys
             for name, spent in self._spent.items():
@@ -192,17 +203,17 @@ class Throughput:
     def figures(self, metrics: Mapping[str, Scalar]) -> dict[str, Scalar]:
         """The derived ``perf/`` keys of a window from its reduced figures, and the running totals
         moved on. Identical on every rank: it reads reduced figures only. A window with no time
-        keeps its counts, no rates."""
+        keeps its counts, no rates; a total is absent until a window counted it."""
         out: dict[str, Scalar] = {}
         window = metrics.get("perf/window_s")
-        tokens = _first(metrics, _TOKENS)
-        samples = _first(metrics, _SAMPLES)
+        tokens = _value(_first(metrics, _TOKENS))
+        samples = self._samples(metrics)
         if tokens is not None:
-            self.tokens_total += tokens
+            self.tokens_total = (self.tokens_total or 0) + tokens
         if samples is not None:
-            self.samples_total += samples
+            self.samples_total = (self.samples_total or 0) + samples
         if isinstance(window, (int, float)) and math.isfinite(window):
-            self.time_s += window
+            self.time_s = (self.time_s or 0.0) + window
             if window > 0:
                 if tokens is not None:
                     out["perf/tokens_per_s"] = tokens / window
@@ -211,10 +222,21 @@ class Throughput:
                 mfu = self._mfu(metrics, tokens, window)
                 if mfu is not None:
                     out["perf/mfu"] = mfu
-        out["perf/tokens_total"] = self.tokens_total
-        out["perf/samples_total"] = self.samples_total
-        out["perf/time_s"] = self.time_s
+        for key, total in (("perf/tokens_total", self.tokens_total), ("perf/samples_total", self.samples_total),
+                           ("perf/time_s", self.time_s)):
+            if total is not None:
+                out[key] = total
         return out
+
+    def _samples(self, metrics: Mapping[str, Scalar]) -> int | float | None:
+        """The window's samples: its rollouts (or the producer's own count); the sequences trained on
+        stand in only in a run that never reported either. Between two generations (GSPO with
+        exact_grpo, several optimizer steps per generation) the rows trained on are not new samples."""
+        found = _first(metrics, _SAMPLES[:-1] if self._rollouts_seen else _SAMPLES)
+        if found is None:
+            return None
+        self._rollouts_seen = self._rollouts_seen or found[0] < len(_SAMPLES) - 1
+        return found[1]
 
     def _mfu(self, metrics: Mapping[str, Scalar], tokens: float | None, window: float) -> float | None:
         peak = metrics.get("perf/peak_flops")
@@ -256,11 +278,15 @@ class _Timer:
         owner._spent[name] = owner._spent.get(name, 0.0) + (owner.clock() - self.begin)
 
 
-def _first(metrics: Mapping[str, Scalar], keys: tuple[str, ...]) -> int | float | None:
-    for key in keys:
+def _value(found: tuple[int, int | float] | None) -> int | float | None:
+    return None if found is None else found[1]
+
+
+def _first(metrics: Mapping[str, Scalar], keys: tuple[str, ...]) -> tuple[int, int | float] | None:
+    for i, key in enumerate(keys):
         value = metrics.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-            return value
+            return i, value
     return None
 
 

@@ -148,9 +148,9 @@ RUN_PREFIX = "run/"
 """Our run aggregates live under ``run/<key>`` in the run summary."""
 
 NAMESPACES = ("train", "val", "optim", "timer", "health")
+"""Namespaces bound to :data:`STEP_KEY` even before a key of theirs is seen."""
 X_AXES = {"step": STEP_KEY, "tokens": "perf/tokens_total", "samples": "perf/samples_total", "time": "perf/time_s"}
 """The x-axes a run can bind its namespaces to (``x_axis=``); the last three need ``perf`` on."""
-"""Namespaces bound to :data:`STEP_KEY` even before a key of theirs is seen."""
 
 MODES = ("online", "offline", "disabled", "shared")
 _DEFAULT_BASE_URL = "https://api.wandb.ai"

@@ -355,8 +355,8 @@ def _on_x_axis(data: _Data, key: str) -> None:
     long run. A run without the key (``perf`` off) is a MetricsError with the fix."""
     axis = sorted(data.numeric.get(key, []))
     if not axis:
-        raise MetricsError(f"plot --x: the journal has no {key} (throughput was off); fix: run with "
-                           "MetricsCallback(perf=True), or plot against the step")
+        raise MetricsError(f"plot --x: the journal has no {key} (throughput was off, or no window counted "
+                           "it); fix: run with MetricsCallback(perf=True), or plot against the step")
     steps, totals = [s for s, _ in axis], [v for _, v in axis]
 
     def at(step: int) -> float:

@@ -10,8 +10,8 @@ figures, so they are exact and identical on every rank with no extra collective:
 
 - ``perf/tokens_per_s`` = window tokens summed over ranks / slowest rank's window time, the tokens
   being ``train/valid_token_count`` (the objective adapters' own count), else ``perf/tokens``;
-- ``perf/samples_per_s`` likewise from ``train/rollout_count``, else ``perf/samples``, else
-  ``train/valid_sequence_count``;
+- ``perf/samples_per_s`` likewise from ``train/rollout_count``, else ``perf/samples``, else (in a
+  run that never reported either) ``train/valid_sequence_count``;
 - ``perf/tokens_total``, ``perf/samples_total``, ``perf/time_s``: the run's running totals (the
   alternate x-axes), ``perf/time_s`` summing the slowest rank's window times;
 - ``perf/mfu`` = model FLOPs of the window / (slowest window time x the world's peak FLOPs).
