@@ -256,9 +256,11 @@ def only_run(folder: Path) -> Path:
     return run
 
 
-def run_ranks(target: Any, store: Path, world: int = 2, timeout: float = 240.0) -> dict[int, dict[str, Any]]:
-    """Run ``target(rank, store, results)`` in ``world`` spawned processes (each puts ``(rank, out)`` on
-    ``results``) and return every rank's ``out``; a rank that never reports fails the test, naming it."""
+def run_ranks(target: Any, store: Path, world: int = 2, timeout: float = 240.0,
+              args: Sequence[Any] = ()) -> dict[int, Any]:
+    """Run ``target(rank, store, results, *args)`` in ``world`` spawned processes (each puts ``(rank,
+    out)`` on ``results``) and return every rank's ``out``; a rank that exits or never reports fails
+    the test, naming it."""
     import queue
     import time
 
@@ -266,17 +268,19 @@ def run_ranks(target: Any, store: Path, world: int = 2, timeout: float = 240.0) 
 
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    procs = [ctx.Process(target=target, args=(r, str(store), results), daemon=True) for r in range(world)]
+    procs = [ctx.Process(target=target, args=(r, str(store), results, *args), daemon=True) for r in range(world)]
     for p in procs:
         p.start()
-    got: dict[int, dict[str, Any]] = {}
+    got: dict[int, Any] = {}
     deadline = time.monotonic() + timeout
     try:
         while len(got) < world:
-            assert time.monotonic() < deadline, f"only ranks {sorted(got)} reported"
+            assert time.monotonic() < deadline, f"only ranks {sorted(got)} reported within {timeout:g} s"
             try:
                 rank, out = results.get(timeout=0.5)
             except queue.Empty:
+                dead = [r for r, p in enumerate(procs) if p.exitcode is not None and r not in got]
+                assert not dead, f"ranks {dead} exited ({[procs[r].exitcode for r in dead]}) unreported"
                 continue
             got[rank] = out
     finally:
@@ -350,3 +354,15 @@ def pid_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def need(module: str, extra: str) -> Any:
+    """``module`` imported, or the test fails (never skips) naming the extra that installs it."""
+    import importlib
+
+    import pytest
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        pytest.fail(f"{module} is missing ({exc}); fix: pip install 'posttrain-metrics[{extra}]'", pytrace=False)

@@ -10,7 +10,6 @@ the same per-batch fraction (a mean over ranks, then over batches) does not.
 from __future__ import annotations
 
 import csv
-import importlib
 import json
 import os
 import subprocess
@@ -19,14 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-
-def _need(module: str, extra: str) -> Any:
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        pytest.fail(f"{module} is missing ({exc}); fix: pip install 'posttrain-metrics[{extra}]'", pytrace=False)
-
+from _runs import need as _need
 
 L = _need("lightning.pytorch", "lightning")
 

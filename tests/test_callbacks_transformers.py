@@ -7,7 +7,6 @@ here, tokenizers are built locally over a word list: nothing is downloaded.
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import socket
@@ -18,14 +17,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-
-
-def _need(module: str, extra: str) -> Any:
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        pytest.fail(f"{module} is missing ({exc}); fix: pip install 'posttrain-metrics[{extra}]'", pytrace=False)
-
+from _runs import need as _need
 
 transformers = _need("transformers", "hf")
 

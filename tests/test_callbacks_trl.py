@@ -16,7 +16,6 @@ must differ from them. The figures are read back from the journal, MLflow (SQLit
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import sys
@@ -24,14 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-
-def _need(module: str, extra: str) -> Any:
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        pytest.fail(f"{module} is missing ({exc}); fix: pip install 'posttrain-metrics[{extra}]'", pytrace=False)
-
+from _runs import need as _need
 
 transformers = _need("transformers", "hf")
 

@@ -12,14 +12,12 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
-import queue as queue_module
-import time
 import traceback
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch.multiprocessing as mp
+from _runs import run_ranks
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # slow: spawns gloo ranks
 
@@ -131,7 +129,7 @@ def _scenario(rank: int, world: int, out_dir: str) -> dict[str, Any]:
     return {"frames": frames, "collectives": counts, "plain_collectives": plain_counts}
 
 
-def _worker(rank: int, world: int, store: str, out_dir: str, results: Any) -> None:
+def _worker(rank: int, store: str, results: Any, world: int, out_dir: str) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     try:
         import torch
@@ -152,32 +150,7 @@ def _worker(rank: int, world: int, store: str, out_dir: str, results: Any) -> No
 
 
 def run_world(world: int, directory: Path) -> dict[int, Any]:
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, world, str(directory / "store"), str(directory), results),
-                         daemon=True) for r in range(world)]
-    for p in procs:
-        p.start()
-    reports: dict[int, Any] = {}
-    deadline = time.monotonic() + PARENT_DEADLINE_S
-    try:
-        while len(reports) < world:
-            try:
-                rank, report = results.get(timeout=0.5)
-            except queue_module.Empty:
-                dead = [r for r, p in enumerate(procs) if p.exitcode is not None and r not in reports]
-                if dead:
-                    pytest.fail(f"world {world}: ranks {dead} exited unreported")
-                if time.monotonic() > deadline:
-                    pytest.fail(f"world {world}: only ranks {sorted(reports)} reported")
-                continue
-            reports[rank] = report
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-                p.join()
+    reports = run_ranks(_worker, directory / "store", world, PARENT_DEADLINE_S, args=(world, str(directory)))
     for rank, (status, detail) in reports.items():
         assert status == "ok", f"rank {rank}:\n{detail}"
     return {rank: detail for rank, (_, detail) in reports.items()}
