@@ -331,7 +331,8 @@ def vendors(tmp_path_factory: pytest.TempPathFactory) -> Vendors:
     sinks = [JournalSink(root / "journal.jsonl"), TensorBoardSink(log_dir=root / "tensorboard"),
              MlflowSink(dir=root, experiment_name="bad-input"),
              WandbSink(project="bad-input", dir=root, mode="offline", settings={"quiet": True})]
-    pub = Publisher(sinks, adapters=[ODD], run_id="badinput01", run_name="bad-input")
+    # mode="thread": the sinks' warnings are raised in this process, where catch_warnings sees them
+    pub = Publisher(sinks, adapters=[ODD], run_id="badinput01", run_name="bad-input", mode="thread")
     reducer = MetricReducer([ODD])
     frames: list[Frame] = []
     with warnings.catch_warnings(record=True) as caught:
