@@ -25,6 +25,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from posttrain_metrics.callbacks import MetricsCallback
 
@@ -72,10 +73,11 @@ def main() -> int:
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
-    sinks = [{"type": "journal"}, {"type": "console"}, {"type": "tensorboard"},
-             {"type": "mlflow", "experiment_name": "posttrain-metrics-health"},
-             {"type": "wandb", "mode": "offline", "project": "posttrain-metrics-health",
-              "settings": {"quiet": True}}]
+    sinks: list[dict[str, Any]] = [
+        {"type": "journal"}, {"type": "console"}, {"type": "tensorboard"},
+        {"type": "mlflow", "experiment_name": "posttrain-metrics-health"},
+        {"type": "wandb", "mode": "offline", "project": "posttrain-metrics-health", "settings": {"quiet": True}},
+    ]
     metrics = MetricsCallback(adapters=["grpo", "reward", "trainer"], sinks=sinks, out_dir=out,
                               run_name="health-kl-spike", run_id=RUN_ID, total_steps=STEPS,
                               health={"kl_spike": "stop", "default": "warn"})

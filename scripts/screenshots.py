@@ -196,6 +196,7 @@ def draw_wandb_health(run: Path, out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
+    from matplotlib.transforms import Bbox
 
     from posttrain_metrics.integrations.wandb_reader import read_offline_run
 
@@ -243,7 +244,7 @@ def draw_wandb_health(run: Path, out: Path) -> None:
     for key in ("posttrain_metrics/status", "posttrain_metrics/end_reason"):
         rows.append([key, textwrap.shorten(str(wb.summary.get(key)), 120)])
     table = ax.table(cellText=rows, colLabels=["summary key", "value"], colWidths=[0.24, 0.76],
-                     bbox=[0.0, 0.0, 1.0, 0.96], cellLoc="left", colLoc="left")
+                     bbox=Bbox.from_bounds(0.0, 0.0, 1.0, 0.96), cellLoc="left", colLoc="left")
     table.auto_set_font_size(False)
     table.set_fontsize(9.5)
     for (r, _), cell in table.get_celld().items():
