@@ -22,10 +22,19 @@ pytestmark = pytest.mark.slow  # runs each case in a child process
 
 TRAINER = """
     import json
+    import logging
     import warnings
     from pathlib import Path
     from posttrain_metrics.callbacks import MetricsCallback
 
+    said = []  # a full disk and its recovery are the run's state: log records (the recovery at INFO)
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            said.append(record.getMessage())
+
+    logging.getLogger("posttrain_metrics").addHandler(Keep())
+    logging.getLogger("posttrain_metrics").setLevel(logging.INFO)
     out = Path({out!r})
     cb = MetricsCallback(adapters=["trainer"], out_dir=out, run_name="disk", run_id="diskrun01",
                          sinks={sinks!r}, close_timeout=120)
@@ -41,7 +50,7 @@ TRAINER = """
                     disk_room()
                 cb.on_chunk_end({{"grad_norm": step / 8, "learning_rate": 1e-3}})
                 cb.on_window_end(step)
-    print(json.dumps([str(w.message) for w in caught if "journal" in str(w.message)]))
+    print(json.dumps([m for m in [str(w.message) for w in caught] + said if "journal" in m]))
 """
 
 
@@ -152,10 +161,17 @@ def test_a_disk_still_full_at_close_names_the_missing_steps_and_the_trackers_mar
 
     out = tmp_path / "run"
     proc = run_child(f"""
-        import json, warnings
+        import json, logging, warnings
         from pathlib import Path
         from posttrain_metrics.callbacks import MetricsCallback
 
+        said = []  # the end record that could not be written: a log record
+
+        class Keep(logging.Handler):
+            def emit(self, record):
+                said.append(record.getMessage())
+
+        logging.getLogger("posttrain_metrics").addHandler(Keep())
         out = Path({str(out)!r})
         cb = MetricsCallback(adapters=["trainer"], out_dir=out, run_name="full", run_id="fullrun01",
                              sinks=[{{"type": "journal"}}, {{"type": "tensorboard"}}], close_timeout=600)
@@ -167,7 +183,7 @@ def test_a_disk_still_full_at_close_names_the_missing_steps_and_the_trackers_mar
                         disk_full((out / "journal.jsonl").stat().st_size)  # never lifted
                     cb.on_chunk_end({{"grad_norm": 1.0}})
                     cb.on_window_end(step)
-        print(json.dumps([str(w.message) for w in caught if "end record" in str(w.message)]))
+        print(json.dumps([m for m in [str(w.message) for w in caught] + said if "end record" in m]))
     """, tmp_path)
     [said] = json.loads(proc.stdout.strip().splitlines()[-1])
     assert "it misses steps 11-20 (10 frames)" in said and "killed" in said, said

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import socket
@@ -305,14 +306,16 @@ def test_rejected_names_are_mapped_and_warned_once(backend: Backend) -> None:
     assert params["long"] == "y" * MAX_PARAM_VAL_LENGTH
 
 
-def test_resumed_run_continues_the_same_mlflow_run(backend: Backend, tmp_path: Path) -> None:
+def test_resumed_run_continues_the_same_mlflow_run(backend: Backend, tmp_path: Path,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
     frames = grpo_run(steps=4)
     first = backend.make()
     publish(first, frames[:2], GRPO_ADAPTERS, tmp_path / "journal.jsonl", config=CONFIG, run_id="resume-me")
     second = backend.make()
-    with pytest.warns(UserWarning, match="params cannot change"):  # thread: warned in this process
-        publish(second, frames[2:], GRPO_ADAPTERS, tmp_path / "journal.jsonl",
-                config={**CONFIG, "rl": {**CONFIG["rl"], "kl_beta": 0.1}}, run_id="resume-me", mode="thread")
+    publish(second, frames[2:], GRPO_ADAPTERS, tmp_path / "journal.jsonl",
+            config={**CONFIG, "rl": {**CONFIG["rl"], "kl_beta": 0.1}}, run_id="resume-me", mode="thread")
+    # thread: logged in this process; the run's state, not a misuse: a log record
+    assert sum("params cannot change" in m for m in caplog.messages) == 1, caplog.messages
     assert second.run_id == first.run_id
     client = MlflowClient(second.tracking_uri)
     assert [s for s, _ in history(client, second.run_id, "train/loss_avg")] == [1, 2, 3, 4]
@@ -452,8 +455,10 @@ class Outage:
                     conn.shutdown(socket.SHUT_RDWR)
 
 
-def test_dead_server_costs_the_sink_not_the_step(tmp_path: Path, mlflow_server: str) -> None:
+def test_dead_server_costs_the_sink_not_the_step(tmp_path: Path, mlflow_server: str,
+                                                caplog: pytest.LogCaptureFixture) -> None:
     """The server goes away mid-run and comes back: no step waits on it, and every step lands once."""
+    caplog.set_level(logging.INFO, logger="posttrain_metrics")  # the recovery is an INFO record
     outage = Outage(mlflow_server)
     outage.up()
     frames = grpo_run(steps=10)
@@ -491,30 +496,28 @@ def test_dead_server_costs_the_sink_not_the_step(tmp_path: Path, mlflow_server: 
         assert sink.run_id is not None and len(history(client, sink.run_id, "train/loss_avg")) == 3
         outage.down()
         hold.clear()
-        with pytest.warns(UserWarning, match="degraded"):
-            pub.publish(frames[3])
-            deadline = time.monotonic() + 20
-            while not held and time.monotonic() < deadline:
-                time.sleep(0.01)
-            assert held == [4]  # the sink is inside its write of step 4, held there
-            for frame in frames[4:6]:
-                pub.publish(frame)
-            # ordering: steps 5 and 6 returned while the sink had still not finished step 4's write
-            assert held == [4] and not hold.is_set()
-            hold.set()  # now it meets the dead server
-            for frame in frames[6:8]:
-                time.sleep(0.3)  # a training step; failures surface meanwhile
-                pub.publish(frame)
-            time.sleep(0.3)
+        pub.publish(frames[3])
+        deadline = time.monotonic() + 20
+        while not held and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert held == [4]  # the sink is inside its write of step 4, held there
+        for frame in frames[4:6]:
+            pub.publish(frame)
+        # ordering: steps 5 and 6 returned while the sink had still not finished step 4's write
+        assert held == [4] and not hold.is_set()
+        hold.set()  # now it meets the dead server
+        for frame in frames[6:8]:
+            time.sleep(0.3)  # a training step; failures surface meanwhile
+            pub.publish(frame)
+        time.sleep(0.3)
         assert training_thread not in writers and writers  # no sink write ever ran on the step's thread
         assert sink.degraded
+        assert any("degraded" in m for m in caplog.messages), caplog.messages  # a log record
         outage.up()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            for frame in frames[8:]:
-                pub.publish(frame)
-            pub.close()
-        assert sum("answers again" in str(w.message) for w in caught) == 1
+        for frame in frames[8:]:
+            pub.publish(frame)
+        pub.close()
+        assert sum("answers again; resending" in m for m in caplog.messages) == 1, caplog.messages
         assert pub.failures == {}
         assert sink.unconfirmed == 0 and not sink.degraded
         assert [s for s, _ in history(client, sink.run_id, "train/loss_avg")] == list(range(1, 11))
@@ -524,7 +527,8 @@ def test_dead_server_costs_the_sink_not_the_step(tmp_path: Path, mlflow_server: 
         outage.down()
 
 
-def test_server_down_at_close_gives_up_quickly(tmp_path: Path, mlflow_server: str) -> None:
+def test_server_down_at_close_gives_up_quickly(tmp_path: Path, mlflow_server: str,
+                                               caplog: pytest.LogCaptureFixture) -> None:
     """A server that never comes back costs close() a few seconds, not drain_timeout; what was
     held is counted and warned about, and the journal has every frame."""
     outage = Outage(mlflow_server)
@@ -536,17 +540,15 @@ def test_server_down_at_close_gives_up_quickly(tmp_path: Path, mlflow_server: st
     try:
         pub.start({})
         outage.down()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            for frame in grpo_run(steps=6):
-                pub.publish(frame)
-                time.sleep(0.1)
-            t0 = time.monotonic()
-            pub.close()
-            took = time.monotonic() - t0
+        for frame in grpo_run(steps=6):
+            pub.publish(frame)
+            time.sleep(0.1)
+        t0 = time.monotonic()
+        pub.close()
+        took = time.monotonic() - t0
     finally:
         outage.down()
-    messages = [str(w.message) for w in caught]
+    messages = caplog.messages  # the tracker's state at close: log records
     # close gave up on a failed probe instead of waiting out drain_timeout: a close that waited takes at
     # least drain_timeout by construction (a logical bound, not a speed bound; it took ~3 s when written)
     assert took < drain_timeout, took
@@ -774,7 +776,8 @@ def test_a_store_of_another_shape_goes_through_log_batch(monkeypatch: pytest.Mon
 
 
 @pytest.mark.parametrize("gone", ["deleted", "removed"])
-def test_a_deleted_or_removed_run_is_rejected_not_retried(tmp_path: Path, gone: str) -> None:
+def test_a_deleted_or_removed_run_is_rejected_not_retried(tmp_path: Path, gone: str,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
     """A run deleted by hand mid-training (400, "must be in the 'active' state"), or removed for good as
     `mlflow gc` removes it (404, "not found"): the direct write is refused with MLflow's own error, as
     log_batch refuses it, counted in rejected and warned about; nothing is retried, and the sink is
@@ -793,16 +796,58 @@ def test_a_deleted_or_removed_run_is_rejected_not_retried(tmp_path: Path, gone: 
     if gone == "removed":
         client._tracking_client.store._hard_delete_run(sink.run_id)  # what `mlflow gc` does
     sink.write(Frame(2, {"train/loss_avg": 0.2}, "train", 1_700_000_002.0))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        with contextlib.suppress(Exception):  # setting the status of a deleted run may fail too
-            sink.close()
+    with contextlib.suppress(Exception):  # setting the status of a deleted run may fail too
+        sink.close()
     assert sink.rejected == 1 and sink.unconfirmed == 0 and not sink.degraded
     said = "active" if gone == "deleted" else "not found"
-    assert any("rejected the batch of steps 2" in str(w.message) and said in str(w.message) for w in caught), \
-        [str(w.message) for w in caught]
+    assert any("rejected the batch of steps 2" in m and said in m for m in caplog.messages), caplog.messages
     if gone == "deleted":
         assert [m.step for m in client.get_metric_history(sink.run_id, "train/loss_avg")] == [1]
+
+
+def test_a_degraded_sink_is_a_log_record_not_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A store that fails and comes back is the run's state, not a misuse to fix: the sink says so on the
+    ``posttrain_metrics.integrations.mlflow`` logger (WARNING when degraded, INFO when it answers again),
+    once each, and raises no warning; every frame still lands once."""
+    import sqlite3
+
+    from posttrain_metrics.core.warn import PosttrainMetricsWarning
+
+    caplog.set_level(logging.INFO, logger="posttrain_metrics")
+    sink = MlflowSink(dir=tmp_path, experiment_name="degraded", drain_timeout=30)
+    sink.start(run_info())
+    assert sink._direct is not None
+    write, down = sink._direct.write, threading.Event()
+
+    def flaky(run_id: str, points: Any) -> None:  # on the sink's writer thread
+        if down.is_set():
+            raise sqlite3.OperationalError("disk I/O error")  # transient: held and resent
+        write(run_id, points)
+
+    sink._direct.write = flaky  # type: ignore[method-assign]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        down.set()
+        sink.write(Frame(1, {"train/loss_avg": 0.1}, "train", 1_700_000_001.0))
+        deadline = time.monotonic() + 30
+        while not sink.degraded and time.monotonic() < deadline:
+            time.sleep(0.02)
+            sink.end_batch()  # collects the failed request, as the publisher's batch end does
+        assert sink.degraded
+        down.clear()
+        sink.write(Frame(2, {"train/loss_avg": 0.2}, "train", 1_700_000_002.0))
+        while sink.degraded and time.monotonic() < deadline:
+            time.sleep(0.02)
+            sink.end_batch()
+        assert not sink.degraded
+        sink.close()
+    assert not [str(w.message) for w in caught if issubclass(w.category, PosttrainMetricsWarning)]
+    ours = [(r.name, r.levelname, r.getMessage()) for r in caplog.records if r.name.startswith("posttrain_metrics")]
+    assert [(name, level) for name, level, _ in ours] == [("posttrain_metrics.integrations.mlflow", "WARNING"),
+                                                          ("posttrain_metrics.integrations.mlflow", "INFO")], ours
+    assert "disk I/O error" in ours[0][2] and "the sink is degraded" in ours[0][2], ours
+    assert "answers again; resending 1 held frame(s)" in ours[1][2], ours  # step 2 waited behind step 1
+    assert history(MlflowClient(sink.tracking_uri), sink.run_id, "train/loss_avg") == [(1, 0.1), (2, 0.2)]
 
 
 def test_a_store_locked_by_another_writer_is_waited_for(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

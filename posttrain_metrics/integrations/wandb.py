@@ -7,7 +7,7 @@ API key is configured (neither `WANDB_API_KEY` nor `WANDB_IDENTITY_TOKEN_FILE` i
 netrc file holds no entry for the W&B host), so a machine without credentials or network never
 waits on a login or a server; `wandb sync <dir>/wandb/offline-run-*` uploads it later.
 `WANDB_MODE` is honoured, and an explicit `mode=` argument wins over both. `wandb.init` is
-bounded by `init_timeout` seconds; a failure there degrades this sink (the publisher warns once)
+bounded by `init_timeout` seconds; a failure there degrades this sink (the publisher logs it once)
 and never stops training. The run's files go to `<dir>/wandb/`.
 
 **One step axis: `trainer/step`.** Every history row carries `trainer/step` (the frame's

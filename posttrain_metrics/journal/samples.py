@@ -183,6 +183,8 @@ class SamplesTail:
             try:
                 out.append(Samples.from_record(json.loads(line)))
             except (ValueError, KeyError, TypeError) as exc:  # one bad line never stops the others
+                # A warning, not a log record: it is about the file its reader was handed, as the
+                # journal reader's torn line is (a caller can make it an error with a warnings filter).
                 warn(f"{self.path}: skipped a samples line that is not one ({exc!r:.120})", stacklevel=2)
         self.offset += end
         if final and data[end:].strip():

@@ -17,13 +17,15 @@ from typing import Any
 
 from ..core.errors import MetricsError
 from ..core.frame import Frame
-from ..core.warn import warn as emit_warning
+from ..core.log import get_logger
 from ..integrations.base import RunInfo, Sink
 from . import format as _format
 from .format import FORMAT, VERSION, Gap, RunFile, _encode, _json_line, missing_summary
 from .lines import LineFile
 
 __all__ = ["BACKLOG_BYTES", "LOCK_FD_ENV", "RESUME_WAIT", "JournalSink", "RunLock"]
+
+log = get_logger("journal")  # a full disk, its recovery, a run set aside: what happened, nothing to fix
 
 _FSYNC = ("close", "step", "never")
 BACKLOG_BYTES = 16 << 20
@@ -80,10 +82,10 @@ class RunLock:
                 draining = _draining_publisher(run_id, holders)
                 if draining is not None and deadline is None and resume_wait > 0:
                     deadline = time.monotonic() + resume_wait
-                    emit_warning(f"journal {path.with_name(path.name[: -len('.lock')])}: the previous attempt of run "
-                                 f"{run_id!r} has exited and its publisher process (pid {draining}) still sends "
-                                 f"that journal to the trackers; this resumed run waits for it (up to "
-                                 f"{resume_wait:g} s)", stacklevel=4)
+                    log.warning(f"journal {path.with_name(path.name[: -len('.lock')])}: the previous attempt of run "
+                                f"{run_id!r} has exited and its publisher process (pid {draining}) still sends "
+                                f"that journal to the trackers; this resumed run waits for it (up to "
+                                f"{resume_wait:g} s)")
                 if draining is None or deadline is None or time.monotonic() >= deadline:
                     os.close(fd)
                     raise MetricsError(_refusal(path, run_id, holders)) from None
@@ -175,7 +177,8 @@ class JournalSink(Sink):
     write succeeds again (at the next frame, or at close). Frames beyond that bound are not kept: their
     count and step range are written as a ``gap`` record, in their place, as soon as anything can be
     written, and the end record lists every gap (``missing``). Readers, the doctor and the trackers
-    (``health/missing_steps``) report them. Each failure and the recovery are warned about once.
+    (``health/missing_steps``) report them. Each failure and the recovery are logged once
+    (``posttrain_metrics.journal``).
     """
 
     name = "journal"
@@ -270,8 +273,8 @@ class JournalSink(Sink):
             if os.path.lexists(kind.of(self.path)):
                 os.rename(kind.of(self.path), kind.of(target))
         self.path.rename(target)
-        emit_warning(f"journal {self.path} held run {previous!r}; moved it to {target.name} (with its samples, "
-                     f"record, status and publisher log) so that run {run_id!r} starts its own journal", stacklevel=3)
+        log.warning(f"journal {self.path} held run {previous!r}; moved it to {target.name} (with its samples, "
+                    f"record, status and publisher log) so that run {run_id!r} starts its own journal")
 
     def _free_name(self, stem: str) -> Path:
         """``<stem>.jsonl``, or ``<stem>.<n>.jsonl``: the first name that neither a journal nor any
@@ -321,10 +324,9 @@ class JournalSink(Sink):
         if self._fault:
             return
         self._fault = f"{type(exc).__name__}: {exc}"
-        emit_warning(f"journal {self.path}: a line could not be written ({self._fault}); training goes on, the "
-                     f"frames are held in memory (up to backlog_bytes={self.backlog_bytes}) and written when the "
-                     "disk has room; frames beyond that are recorded as a gap (their steps) in the journal",
-                     stacklevel=4)
+        log.warning(f"journal {self.path}: a line could not be written ({self._fault}); training goes on, the "
+                    f"frames are held in memory (up to backlog_bytes={self.backlog_bytes}) and written when the "
+                    "disk has room; frames beyond that are recorded as a gap (their steps) in the journal")
 
     def _hold(self, step: int, phase: str, line: bytes) -> None:
         """Keep a frame that could not be written, within the bound; past it, count it in the gap."""
@@ -335,9 +337,9 @@ class JournalSink(Sink):
         if self._gap is None:
             self._gap = Gap(step, step, error=self._fault)
             self.gaps.append(self._gap)
-            emit_warning(f"journal {self.path}: {len(self._held)} frames held in memory fill backlog_bytes="
-                         f"{self.backlog_bytes}; frames from {phase} step {step} on are not kept until the disk "
-                         "has room: their steps are recorded as a gap", stacklevel=4)
+            log.warning(f"journal {self.path}: {len(self._held)} frames held in memory fill backlog_bytes="
+                        f"{self.backlog_bytes}; frames from {phase} step {step} on are not kept until the disk "
+                        "has room: their steps are recorded as a gap")
         self._gap.add(step, phase)
 
     def _catch_up(self) -> bool:
@@ -367,7 +369,8 @@ class JournalSink(Sink):
             self._gap = None
         if written or head or gap is not None:
             lost = f"; {gap.describe()} could not be kept: recorded as a gap" if gap is not None else ""
-            emit_warning(f"journal {self.path} is written again: {written} held frames are in it{lost}", stacklevel=5)
+            said = log.warning if gap is not None else log.info  # a recovery that lost nothing is info
+            said(f"journal {self.path} is written again: {written} held frames are in it{lost}")
         self._fault = ""
         return True
 
@@ -411,8 +414,8 @@ class JournalSink(Sink):
                 self._file.sync()
         except OSError as exc:
             missing = f"; it misses {', '.join(g.describe() for g in self.gaps)}" if self.gaps else ""
-            emit_warning(f"journal {self.path}: the end record could not be written ({type(exc).__name__}: {exc})"
-                         f"{missing}; readers take the run as killed", stacklevel=3)
+            log.warning(f"journal {self.path}: the end record could not be written ({type(exc).__name__}: {exc})"
+                        f"{missing}; readers take the run as killed")
         finally:
             self._file.close()
             self._unlock()

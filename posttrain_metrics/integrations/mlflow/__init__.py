@@ -60,14 +60,15 @@ and the publisher's ``end_batch`` sends what accumulated, merged into requests u
 limits (``MAX_METRICS_PER_BATCH``): a request's fixed cost is most of a small one's.
 
 At most ``max_pending`` requests are in flight. When a request fails (server down, timeout) the sink
-warns once and is *degraded*: it holds frames, sends one request at a time as a probe, and when a
+logs it once (on the ``posttrain_metrics.integrations.mlflow`` logger, as every message about the
+tracker's state below; a name or value MLflow cannot hold is a warning) and is *degraded*: it holds frames, sends one request at a time as a probe, and when a
 probe lands resends everything held. Nothing is dropped: once ``backlog`` frames are held,
 ``ready()`` is false and the publisher stops reading the journal for this sink until MLflow answers
 again (the journal is the queue; a sink written directly holds every frame). Resending is exact: MLflow
 identifies a point by (key, step, timestamp, value) and ignores a duplicate, and the timestamp is
 the frame's wall time, so a request that reached the server before its reply was lost, or a replay
 of the journal by ``posttrain-metrics export``, stores nothing twice. A request MLflow rejects as
-invalid (HTTP 400/404: a run deleted or removed meanwhile) is not retried; it is warned about and
+invalid (HTTP 400/404: a run deleted or removed meanwhile) is not retried; it is logged and
 counted in ``rejected``.
 
 A ``sqlite:///`` store (the embedded default, or a SQLite file you name) is written more cheaply:
@@ -82,10 +83,10 @@ MLflow's own errors, handled as above: a run deleted or removed meanwhile is rej
 locked by another writer is waited for 20 s (MLflow's busy timeout), then retried.
 
 ``close`` drains: it waits up to ``drain_timeout`` seconds for every request to be confirmed (or
-less, when the server is down and a probe sent during ``close`` fails too), warns about frames that
+less, when the server is down and a probe sent during ``close`` fails too), logs the frames that
 were not confirmed (the journal has them; ``posttrain-metrics export`` replays them), re-sets the
 label tags to the last labels (requests may land out of order) and sets the status. When the server
-is unreachable at the end, the run keeps status ``RUNNING`` and a warning says so.
+is unreachable at the end, the run keeps status ``RUNNING`` and a log record says so.
 
 MLflow's HTTP client retries a failed request for about 4 minutes by default. For an ``http(s)``
 tracking URI this sink sets, for the process (MLflow reads them from the environment at every

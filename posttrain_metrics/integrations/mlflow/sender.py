@@ -22,11 +22,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ...core.log import get_logger
 from ...core.redact import redact_text
-from ...core.warn import warn
 from .direct import _SqlitePoints
 
 __all__: list[str] = []
+
+log = get_logger("integrations.mlflow")  # a server down and back is the run's state: logged, not warned
 
 
 @dataclasses.dataclass
@@ -154,20 +156,16 @@ class _Sender:
                 self.failed_probes += 1
             if not self.degraded:
                 self.probe_from = self.sent
-                warn(
+                log.warning(
                     f"mlflow: sending to {self.where} failed ({type(exc).__name__}: {redact_text(str(exc))}); the "
                     f"sink is degraded: frames are held (up to backlog={self.backlog}) and resent when "
-                    "the server answers again; training continues",
-                    stacklevel=4,
+                    "the server answers again; training continues"
                 )
             self.degraded = True
             self.held.appendleft(batch)
         if recovered:
-            warn(
-                f"mlflow: {self.where} answers again; resending "
-                f"{sum(len(b.steps) for b in self.held)} held frame(s)",
-                stacklevel=4,
-            )
+            log.info(f"mlflow: {self.where} answers again; resending {sum(len(b.steps) for b in self.held)} "
+                     "held frame(s)")
 
     def drain(self, deadline: float) -> list[_Batch]:
         """Send everything held and wait for it until ``deadline`` (``time.monotonic()``), or until a

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 from ...core.errors import MetricsError
 from ...core.frame import Frame
 from ...core.keys import KeyInfo
+from ...core.log import get_logger
 from ...core.redact import key_text, param_text, redact, redact_text
 from ...core.summary import RunSummary
-from ...core.warn import warn
 from ..base import RunInfo, Sink
 from ..factory import run_path
 from ..views import MLFLOW_VIEW_TAG, mlflow_view_state
@@ -49,6 +49,10 @@ if TYPE_CHECKING:
     from .tables import SampleTables
 
 __all__ = ["MlflowSink"]
+
+# What happens to the tracker (a server down at close, a run deleted meanwhile, a tag it refuses) is
+# logged; a warning (:mod:`.names`) is for what the user passed: a name or value MLflow cannot hold.
+log = get_logger("integrations.mlflow")
 
 
 class MlflowSink(Sink):
@@ -227,10 +231,9 @@ class MlflowSink(Sink):
             text = _truncate(param_text(setting), self._param_limit, "param", key)
             if pname in logged:  # params cannot change in MLflow: a resumed run keeps the first value
                 if logged[pname] != text:
-                    warn(
+                    log.warning(
                         f"mlflow: run {self.run_id} already has param {pname}={logged[pname]!r}; MLflow "
-                        f"params cannot change, so the resumed value {text!r} is not logged",
-                        stacklevel=2,
+                        f"params cannot change, so the resumed value {text!r} is not logged"
                     )
                 continue
             params.append((pname, text))
@@ -276,9 +279,8 @@ class MlflowSink(Sink):
                 try:
                     client.set_experiment_tag(found.experiment_id, KIND_TAG, KIND)
                 except error as exc:  # not allowed to tag it: the UI's default view is all we lose
-                    warn(f"mlflow: could not tag experiment {name!r} with {KIND_TAG}={KIND} "
-                         f"({redact_text(str(exc))[:200]}); its page may open on MLflow's GenAI overview",
-                         stacklevel=3)
+                    log.warning(f"mlflow: could not tag experiment {name!r} with {KIND_TAG}={KIND} "
+                                f"({redact_text(str(exc))[:200]}); its page may open on MLflow's GenAI overview")
             return str(found.experiment_id)
         location = _sqlite_artifacts(self.tracking_uri or "")
         try:
@@ -299,8 +301,8 @@ class MlflowSink(Sink):
         try:
             client.set_experiment_tag(self.experiment_id, MLFLOW_VIEW_TAG, state)
         except error as exc:  # not allowed to tag it: the link then opens the table as MLflow shows it
-            warn(f"mlflow: could not store the experiment's view ({redact_text(str(exc))[:200]}); "
-                 "its runs table shows the metric columns once chosen under Columns", stacklevel=3)
+            log.warning(f"mlflow: could not store the experiment's view ({redact_text(str(exc))[:200]}); "
+                        "its runs table shows the metric columns once chosen under Columns")
 
     # ------------------------------------------------------------------ write
     def write(self, frame: Frame) -> None:
@@ -358,19 +360,17 @@ class MlflowSink(Sink):
         self.unconfirmed = len(steps)
         if waiting:
             params = sum(len(b.params) for b in waiting)
-            warn(
+            log.warning(
                 f"mlflow: {len(steps)} frame(s) (steps {_span(steps)}) and {params} param(s) were not "
                 f"confirmed by {redact_text(str(self.tracking_uri))} when close() stopped waiting (drain_timeout="
                 f"{self.drain_timeout:g}s, or the server is down); the journal holds them: "
-                "`posttrain-metrics export` replays them",
-                stacklevel=2,
+                "`posttrain-metrics export` replays them"
             )
         status = "KILLED" if killed or interrupted else "FAILED" if failed else "FINISHED"
         if self.degraded:
-            warn(
+            log.warning(
                 f"mlflow: {redact_text(str(self.tracking_uri))} is unreachable; run {self.run_id} keeps status RUNNING "
-                f"(could not set it to {status})",
-                stacklevel=2,
+                f"(could not set it to {status})"
             )
             return
         if self._run_gone():
@@ -405,14 +405,14 @@ class MlflowSink(Sink):
 
     def _flush_tables(self) -> None:
         """The open block of completions written, so that the table view holds the run's last steps
-        (each step's own file holds them already); a failure is warned about, never raised."""
+        (each step's own file holds them already); a failure is logged, never raised."""
         if self._tables is None or self.degraded or self._run_gone():
             return
         try:
             self._tables.flush()
         except Exception as exc:
-            warn(f"mlflow: the last completions table could not be written ({type(exc).__name__}: "
-                 f"{redact_text(str(exc))[:200]}); each step's own file holds its rows", stacklevel=3)
+            log.warning(f"mlflow: the last completions table could not be written ({type(exc).__name__}: "
+                        f"{redact_text(str(exc))[:200]}); each step's own file holds its rows")
 
     def _queue_aggregates(self) -> None:
         """The run aggregates (:class:`~posttrain_metrics.core.summary.RunSummary`) as ``run/<key>``
@@ -512,13 +512,12 @@ class MlflowSink(Sink):
     def _rejected(self, what: str, exc: BaseException) -> None:
         """A batch (or a step's completions) MLflow refused as invalid: counted, not retried, warned about
         the first time only (a run deleted by hand mid-training refuses every later batch the same way:
-        one warning, not one per batch)."""
+        one message, not one per batch)."""
         self.rejected += 1
         if self.rejected > 1:
             return
-        warn(
+        log.warning(
             f"mlflow: {redact_text(str(self.tracking_uri))} rejected {what} ({redact_text(str(exc))}); it is "
             "not retried, and later rejected batches are not warned about (all are counted in MlflowSink.rejected; "
-            "the journal keeps the frames)",
-            stacklevel=4,
+            "the journal keeps the frames)"
         )

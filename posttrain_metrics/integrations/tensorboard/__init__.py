@@ -48,7 +48,7 @@ frames since the last flush span N steps) and at close, so a short or killed run
 files (TensorBoard's writer otherwise holds events in a queue and flushes every two minutes).
 Values are float32, TensorBoard's scalar type: about seven significant digits, integers exact up to
 2**24. NaN, +inf and -inf are stored as such; a finite value beyond float32's range would become
-+/-inf and is warned about once per key. The journal keeps every value exactly.
++/-inf and is logged once per key (``posttrain_metrics.integrations.tensorboard``). The journal keeps every value exactly.
 
 >>> sink = TensorBoardSink(log_dir="runs/{name}", flush=10)  # no I/O and no tensorboard import yet
 >>> sink.name, sorted(sink.stores_nonfinite)

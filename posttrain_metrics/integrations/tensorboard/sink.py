@@ -14,9 +14,9 @@ from typing import Any
 from ...core.errors import MetricsError
 from ...core.frame import Frame
 from ...core.keys import KeyInfo
+from ...core.log import get_logger
 from ...core.summary import RunSummary
 from ...core.values import Scalar
-from ...core.warn import warn
 from ..base import RunInfo, Sink
 from ..factory import run_path, safe_name
 from .events import _F, _MAX_ENCODINGS, _STEPS, _WALL, _Encoding, _EventFile, _import_tensorboard, _varint
@@ -26,6 +26,8 @@ from .text import _config_table, _description, samples_markdown
 
 __all__ = ["AGGREGATE_PREFIX", "CONFIG_TAG", "END_TAG", "HPARAMS_DIR", "REASON_HPARAM", "STATUS_HPARAM",
            "TensorBoardSink"]
+
+log = get_logger("integrations.tensorboard")  # a value the format cannot hold is the run's, not a misuse
 
 HPARAMS_DIR = "hparams"
 """Sub-directory of ``log_dir`` holding the hparams session (a run of its own in TensorBoard)."""
@@ -277,11 +279,10 @@ class TensorBoardSink(Sink):
         if key in self._overflow_warned:
             return
         self._overflow_warned.add(key)
-        warn(
+        log.warning(
             f"tensorboard: {key} = {number!r} is beyond float32's range and is stored as "
             f"{'-' if number < 0 else ''}inf (TensorBoard scalars are float32); the journal "
-            "keeps the value",
-            stacklevel=4,
+            "keeps the value"
         )
 
     def end_batch(self) -> None:
