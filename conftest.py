@@ -86,7 +86,7 @@ SPAWNS = frozenset({
     "tests/test_run_folder.py::test_a_second_trainer_is_refused_while_a_run_is_live_and_a_killed_run_frees_the_folder",
     "tests/test_run_folder.py::test_a_users_tensorboard_py_and_mlflow_py_in_the_working_directory_do_not_stop_the_trackers",
     "tests/test_run_folder.py::test_in_thread_mode_the_run_holds_its_folder_until_the_follower_thread_is_done",
-    "tests/test_samples.py::test_a_samples_file_that_cannot_be_written_is_warned_once_and_training_goes_on",
+    "tests/test_samples.py::test_a_samples_file_that_cannot_be_written_is_logged_once_and_training_goes_on",
     "tests/test_samples.py::test_two_gloo_ranks_send_their_rows_to_rank_0",
 })
 """Tests that start a process or a gloo world themselves (modules where all do say so in ``pytestmark``).

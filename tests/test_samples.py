@@ -244,32 +244,39 @@ def test_two_gloo_ranks_send_their_rows_to_rank_0(tmp_path: Path) -> None:
     assert offered == 4 and len(groups) == 4 and set(groups) == {10, 11}  # rank 1's two groups of 2, whole
 
 
-def test_a_samples_file_that_cannot_be_written_is_warned_once_and_training_goes_on(tmp_path: Path) -> None:
+def test_a_samples_file_that_cannot_be_written_is_logged_once_and_training_goes_on(tmp_path: Path) -> None:
     # A real fault: the child's file-size limit stops the samples file (large lines) at step 5 and is
     # lifted at step 8; the journal (small lines) stays below it. on_samples never raises.
     from _faults import run_child
 
     out = tmp_path / "run"
     proc = run_child(f"""
-        import json, warnings
+        import json, logging
         from pathlib import Path
         from posttrain_metrics.callbacks import MetricsCallback
+
+        class Records(logging.Handler):
+            def __init__(self):
+                super().__init__()
+                self.messages = []
+            def emit(self, record):
+                self.messages.append(record.getMessage())
+        records = Records()
+        logging.getLogger("posttrain_metrics").addHandler(records)  # a disk fault is logged, not warned
 
         out = Path({str(out)!r})
         cb = MetricsCallback(adapters=["trainer"], out_dir=out, sinks=[{{"type": "journal"}}], publisher="inline")
         rows = [{{"group": g, "prompt": "p" * 900, "completion": "c" * 1900, "reward": 1.0}} for g in range(16)]
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            with cb:
-                for step in range(1, 11):
-                    if step == 5:
-                        disk_full((out / "journal.samples.jsonl").stat().st_size + 100)  # part of a line fits
-                    if step == 8:
-                        disk_room()
-                    cb.on_chunk_end({{"grad_norm": 1.0}})
-                    cb.on_window_end(step)
-                    cb.on_samples(step, rows)
-        said = [str(w.message) for w in caught if "samples file" in str(w.message)]
+        with cb:
+            for step in range(1, 11):
+                if step == 5:
+                    disk_full((out / "journal.samples.jsonl").stat().st_size + 100)  # part of a line fits
+                if step == 8:
+                    disk_room()
+                cb.on_chunk_end({{"grad_norm": 1.0}})
+                cb.on_window_end(step)
+                cb.on_samples(step, rows)
+        said = [m for m in records.messages if "samples file" in m]
         print(json.dumps([said, cb.samples_lost, cb.publisher.failures]))
     """, tmp_path)
     said, lost, failures = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -37,6 +37,7 @@ from ..core.errors import MetricsError, user_stacklevel
 from ..core.extra import check_disjoint, normalise, user_adapters
 from ..core.frame import Frame
 from ..core.layout import RefusedChunk
+from ..core.log import get_logger
 from ..core.redact import redact_text
 from ..core.reducer import AdapterSpec, MetricReducer, resolve_adapters
 from ..core.throughput import Throughput
@@ -59,6 +60,8 @@ from ..publication.health import (
 from .samples import MAX_CHARS, cut, kept_rows, offer, settle
 
 __all__ = ["MetricsCallback", "build_callback"]
+
+log = get_logger("callbacks")
 
 
 class MetricsCallback:
@@ -402,10 +405,10 @@ class MetricsCallback:
             failures = self.publisher.failures
             failures["samples"] = failures.get("samples", 0) + 1
             if len(self.samples_lost) == 1:
-                warn(f"the samples file {path} could not be written ({type(exc).__name__}: "
-                     f"{exc}): step {samples.step}'s samples are not in it, so no tracker "
-                     "fed from it shows them; training continues and later steps are tried again "
-                     "(MetricsCallback.samples_lost lists the steps)", stacklevel=user_stacklevel())
+                log.warning(f"the samples file {path} could not be written ({type(exc).__name__}: "
+                            f"{exc}): step {samples.step}'s samples are not in it, so no tracker "
+                            "fed from it shows them; training continues and later steps are tried again "
+                            "(MetricsCallback.samples_lost lists the steps)")
 
     def on_run_end(self, failed: bool = False, *, error: BaseException | None = None) -> None:
         """Close every sink with the run's status (FAILED when ``failed``). ``error``, the exception

@@ -52,6 +52,7 @@ from typing import Any
 
 from ..core.errors import MetricsError
 from ..core.frame import Frame
+from ..core.log import get_logger
 from ..core.warn import warn
 from ..doctor import CHECKS, TUNABLE, Doctor, Finding, Severity, run_checks, step_ranges
 from ..doctor.thresholds import BUDGET_CONFIG_NAMES
@@ -77,6 +78,8 @@ LIVE_BASELINE = 8
 is the offline baseline of a 32-step run; fewer would make one noisy step the baseline."""
 
 _IDS = tuple(check.id for check in CHECKS)
+
+log = get_logger("publication")
 
 
 # -- the files beside the journal ------------------------------------------------------------------------
@@ -273,8 +276,7 @@ class LiveHealth:
                     if not self.step() and self._halt.wait(poll):
                         return
             except Exception as exc:  # a bug here never stops publication; the close reads again
-                warn(f"live health stopped reading the journal: {type(exc).__name__}: {str(exc)[:300]}",
-                     stacklevel=1)
+                log.warning(f"live health stopped reading the journal: {type(exc).__name__}: {str(exc)[:300]}")
 
         self._thread = threading.Thread(target=loop, name="posttrain-metrics-health", daemon=True)
         self._thread.start()
@@ -411,8 +413,8 @@ class LiveHealth:
 
             findings = run_checks(open_journal(self.journal), self.thresholds)
         except Exception as exc:  # never in the way of closing the trackers
-            warn(f"{self.journal}: the doctor could not read the run at its close ({type(exc).__name__}: "
-                 f"{exc!s:.200}); the findings file has the live findings only", stacklevel=2)
+            log.warning(f"{self.journal}: the doctor could not read the run at its close ({type(exc).__name__}: "
+                        f"{exc!s:.200}); the findings file has the live findings only")
         last = self.last_step if self.last_step is not None else 0
         for finding in findings:
             if finding.check in CLOSE_ONLY or _identity(finding) not in self.fired:
