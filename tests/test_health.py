@@ -111,7 +111,9 @@ def test_the_doctor_takes_frames_one_at_a_time_and_may_be_asked_after_any(tmp_pa
     frames = [*nonfinite_skips(healthy(), [5, 6, 7, 8]), nonfinite_frame(13)]
     journal = read_journal(write_journal(tmp_path / "journal.jsonl", frames))
     live = Doctor(journal, CHECKS)
-    assert live.counting == ("length_budget", "logprob_gap_rising", "logprob_gap_no_data", "dpo_accuracy_flat")
+    # truncation and the logprob gap are causal (a baseline of their first 8 points): no first pass;
+    # the gap's data and DPO accuracy judge the whole run and still count it first
+    assert live.counting == ("logprob_gap_no_data", "dpo_accuracy_flat")
     for frame in journal.frames:
         live.count(frame)
     first: dict[str, int] = {}
@@ -208,7 +210,9 @@ def test_truncation_rising_with_response_len_pinned_at_the_budget(tmp_path):
     rising = {s: {"train/rollout_truncated_frac": 0.0 if s <= 3 else 0.05 * s, "train/response_len_max": 16}
               for s in range(1, 13)}
     finding = only(doctor(tmp_path, edit(healthy(), rising)), "length_budget")
-    assert finding.severity is Severity.WARNING and finding.steps == tuple(range(4, 13))
+    # the baseline is steps 1-8 (TREND_BASELINE), not judged: mean (0*3 + 0.05*(4+5+6+7+8)) / 8 = 0.1875;
+    # steps 9-12 read 0.45-0.6 >= 0.1875 + 0.1, at the budget 16 (the first-quarter baseline named 4-12)
+    assert finding.severity is Severity.WARNING and finding.steps == tuple(range(9, 13))
     assert "budget 16" in finding.explanation and "rollout/max_tokens" in finding.explanation
 
 
@@ -224,6 +228,8 @@ def test_truncation_budget_falls_back_to_the_runs_longest_response(tmp_path):
     rising = {s: {"train/rollout_truncated_frac": 0.0 if s <= 3 else 0.3, "train/response_len_max": 20}
               for s in range(1, 13)}
     finding = only(doctor(tmp_path, edit(healthy(), rising), config={"rl": {"n_mini": 2}}), "length_budget")
+    # baseline steps 1-8: (0*3 + 0.3*5) / 8 = 0.1875; steps 9-12 read 0.3 >= 0.2875 at the longest so far (20)
+    assert finding.steps == tuple(range(9, 13))
     assert "budget 20" in finding.explanation and "longest response" in finding.explanation
 
 
@@ -231,6 +237,10 @@ def test_rising_logprob_gap(tmp_path):
     frames = edit(healthy(), {s: {"train/logprob_gap_mean": 0.005 * 1.5 ** s} for s in range(1, 13)})
     finding = only(doctor(tmp_path, frames), "logprob_gap_rising")
     assert finding.severity is Severity.WARNING and 12 in finding.steps and 1 not in finding.steps
+    # the baseline: the median of steps 1-8, 0.005 x (1.5^4 + 1.5^5) / 2 = 0.005 x 6.328 = 0.03164; the
+    # floor max(3 x 0.03164, 0.03164 + 0.02) = 0.09492; step 9 reads 0.005 x 1.5^9 = 0.1922, above it, so
+    # steps 9-12 (the baseline's own steps are not judged)
+    assert finding.steps == tuple(range(9, 13))
     assert "routing" in finding.explanation
 
 
@@ -539,29 +549,33 @@ def doctor_peak(steps: int, **kw: bool) -> tuple[int, list[Finding], int]:
 
 
 def test_the_doctor_reads_a_long_run_in_two_passes_and_memory_that_grows_only_with_a_quarter_of_its_trends():
-    # Held frames would cost ~2 KB a step here (55 keys). The checks keep what they remember: the trend
-    # checks a quarter of their series (truncation's first quarter, 8 bytes a point; the gap's first
-    # quarter, 16, and the sorted copy its median takes, 32; DPO accuracy's last quarter, 16: 72 bytes
-    # a point of a quarter, 18 a step) and the steps of their findings. 60,000 more steps may then cost
-    # 60,000 x 18 bytes, with room for the arrays' growth (x1.25) and a few hundred KB of anything else.
+    # Held frames would cost ~2 KB a step here (55 keys). The checks keep what they remember: truncation
+    # and the gap their first 8 points (TREND_BASELINE: a constant), DPO accuracy its last quarter (16
+    # bytes a point of a quarter, 4 a step) and the steps of their findings. 60,000 more steps may then
+    # cost 60,000 x 4 bytes, with room for the arrays' growth (x1.25) and a few hundred KB of anything else.
+    # (With a first-quarter baseline for truncation and the gap it was 18 bytes a step.)
     short_peak, short, passes = doctor_peak(20_000)
     long_peak, long, long_passes = doctor_peak(80_000)
-    assert passes == long_passes == 2  # the trend checks count their series first
-    assert long_peak - short_peak <= 60_000 * 18 * 1.25 + 300_000, (short_peak, long_peak)
+    assert passes == long_passes == 2  # DPO accuracy and the gap's data count their series first
+    assert long_peak - short_peak <= 60_000 * 4 * 1.25 + 300_000, (short_peak, long_peak)
     # ...and the trend series read to the end: the gap's rise over the last five steps is found, there only
     for steps, findings in ((20_000, short), (80_000, long)):
         assert [(f.check, f.steps) for f in findings] == [
             ("logprob_gap_rising", tuple(range(steps - 4, steps + 1)))
         ]
-        assert "rose from 0.0053 to 0.05 nats" in findings[0].explanation  # median of 0.005 + k*1e-4, k=0..6
+        # the median of steps 1-8, 0.005 + (step % 7) x 1e-4 for step % 7 = 1..6, 0, 1: sorted 0.0050,
+        # 0.0051, 0.0051, 0.0052 | 0.0053, ..., so (0.0052 + 0.0053) / 2 = 0.00525 (was the first quarter's
+        # 0.0053); the floor max(3 x 0.00525, 0.00525 + 0.02) = 0.02525: only the last five (0.05) exceed it
+        assert "rose from 0.00525 to 0.05 nats" in findings[0].explanation
 
 
 def test_the_doctor_keeps_no_step_a_finding_will_not_name():
     # A KL spike at every step that no grad_norm jump confirms, and a rollout without logprobs (a count
     # of 0 at every step): neither finding names steps, so neither check may keep them (it would cost
-    # 8-100 bytes a step); what grows is the truncation's and DPO accuracy's quarters (24 bytes a point: 6 a step).
+    # 8-100 bytes a step); what grows is DPO accuracy's last quarter (16 bytes a point: 4 a step; truncation
+    # keeps its first 8 points only, where it kept its first quarter).
     short_peak, short, _ = doctor_peak(20_000, spikes_without_logprobs=True)
     long_peak, long, _ = doctor_peak(80_000, spikes_without_logprobs=True)
-    assert long_peak - short_peak <= 60_000 * 6 * 1.25 + 300_000, (short_peak, long_peak)
+    assert long_peak - short_peak <= 60_000 * 4 * 1.25 + 300_000, (short_peak, long_peak)
     for findings in (short, long):
         assert [(f.check, f.severity, f.steps) for f in findings] == [("logprob_gap_no_data", Severity.INFO, ())]

@@ -21,7 +21,6 @@ from posttrain_metrics.doctor import CHECKS, Finding, run_checks
 from posttrain_metrics.journal import open_journal, read_journal
 from posttrain_metrics.publication.health import (
     CLOSE_ONLY,
-    LIVE_TRENDS,
     LiveHealth,
     check_of,
     findings_path,
@@ -63,19 +62,14 @@ def check_agreement(path: Path, offline: list[Finding]) -> None:
             assert key in by_check and e == {**e, **by_check[key].to_dict()}
             continue
         assert e["check"] not in CLOSE_ONLY
-        if e["check"] in LIVE_TRENDS:
-            continue  # a fixed baseline live (documented): checked below on the tests' journals
+        # every live check is causal, the trend checks too (a baseline of their first 8 points, the same
+        # live and offline): it is an offline finding, fired within a frame of its first step
         whole = by_check[key]
         assert set(e["steps"]) <= set(whole.steps)
         if whole.steps:  # fired within one frame of the first step the offline doctor names
             first = min(whole.steps)
             later = [s for s in steps if s > first]
             assert e["step"] in {first, *later[:1]}, (e["check"], e["step"], first)
-    if not any(e["check"] in LIVE_TRENDS and e["when"] == "live" for e in events):
-        return
-    for e in events:  # on the doctor's journals the live trend checks agree with the offline ones
-        if e["check"] in LIVE_TRENDS:
-            assert (e["check"], e["severity"], *e["keys"]) in by_check
 
 
 def _journal_tests() -> list[str]:
@@ -125,6 +119,32 @@ def test_the_live_doctor_agrees_with_the_offline_one_on_random_runs(seed, tmp_pa
     frames, config = _random_run(random.Random(seed))
     path = th.write_journal(tmp_path / "journal.jsonl", frames, config=config)
     check_agreement(path, run_checks(open_journal(path)))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_live_trend_checks_fire_where_the_offline_ones_name_on_random_rises(seed, tmp_path):
+    # Truncation pinned at the budget and the logprob gap rising from a random step after the baseline
+    # (steps 1-8) of a run of random length, with the budget in the config or not (then the longest
+    # response so far, 16 at every step). By hand: the truncation baseline is 0.0, so it fires from the
+    # rise on (0.5 >= 0.0 + 0.1); the gap's baseline is 0.004, its floor max(3 x 0.004, 0.004 + 0.02) =
+    # 0.024, and it reads 0.008, 0.016, 0.032, ... from the rise: it fires from two steps after it.
+    # Live fires each at that same step (the offline doctor used to name the first quarter's steps).
+    rng = random.Random(1000 + seed)
+    frames = grpo_run(steps=rng.randint(11, 40), seed=rng.randint(0, 10**6))
+    last = frames[-1].step
+    assert [f.step for f in frames] == list(range(1, last + 1))
+    rise = rng.randint(9, last - 2)
+    changes = {s: {"train/rollout_truncated_frac": 0.0 if s < rise else 0.5, "train/response_len_max": 16,
+                   "train/logprob_gap_mean": 0.004 if s < rise else 0.004 * 2.0 ** (s - rise + 1)}
+               for s in range(1, last + 1)}
+    config = {"rl": {"n_mini": 2}, **({"rollout": {"max_tokens": 16}} if seed % 2 else {})}
+    path = th.write_journal(tmp_path / "journal.jsonl", th.edit(frames, changes), config=config)
+    offline = run_checks(open_journal(path))
+    assert th.only(offline, "length_budget").steps == tuple(range(rise, last + 1))
+    assert th.only(offline, "logprob_gap_rising").steps == tuple(range(rise + 2, last + 1))
+    check_agreement(path, offline)
+    events = {e["check"]: (e["when"], e["step"]) for e in live(path).events if e["kind"] == "finding"}
+    assert events["length_budget"] == ("live", rise) and events["logprob_gap_rising"] == ("live", rise + 2)
 
 
 def test_the_findings_file_holds_each_finding_then_the_runs_verdict(tmp_path):

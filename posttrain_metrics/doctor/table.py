@@ -44,6 +44,7 @@ from .thresholds import (
     THROUGHPUT_BASELINE,
     THROUGHPUT_DROP_FRACTION,
     TOKENS_PER_S,
+    TREND_BASELINE,
     TRUNCATED,
     TRUNCATION_RISE,
     VALID_TOKENS,
@@ -74,10 +75,11 @@ CHECKS: tuple[Check, ...] = (
           f"kl_max >= {KL_RATIO_MIN:g} x kl_mean and >= {KL_MAX_MIN:g} nat, with grad_norm >= "
           f"{GRAD_JUMP_FACTOR:g} x median of the previous {GRAD_BASELINE_WINDOW}", _KlSpike),
     Check("length_budget", Severity.WARNING, (TRUNCATED, LEN_MAX, "config .../max_tokens"),
-          f"truncated_frac >= first-{BASELINE_FRACTION:.0%} mean + {TRUNCATION_RISE:g} with "
+          f"truncated_frac >= mean of its first {TREND_BASELINE} + {TRUNCATION_RISE:g} with "
           "response_len_max at the budget", _LengthBudget),
     Check("logprob_gap_rising", Severity.WARNING, (GAP_MEAN, GAP_COUNT),
-          f"gap >= max({GAP_RISE_FACTOR:g} x baseline, baseline + {GAP_RISE_MIN:g} nats)",
+          f"gap >= max({GAP_RISE_FACTOR:g} x baseline, baseline + {GAP_RISE_MIN:g} nats), baseline the median "
+          f"of its first {TREND_BASELINE}",
           _LogprobGapRising),
     Check("logprob_gap_no_data", Severity.INFO, (GAP_COUNT, VALID_TOKENS),
           "logprob_gap_token_count == 0 where valid_token_count > 0 (warning when only at some steps)",

@@ -56,11 +56,19 @@ GRAD_BASELINE_MIN = 3
 """Fewer preceding steps than this and no jump is declared: there is no baseline yet."""
 
 TREND_MIN_FRAMES = 4
-"""Trend checks (truncation, logprob gap, DPO accuracy) need at least this many frames carrying the
-key: with fewer there is no "before" to compare "after" with."""
+"""DPO accuracy needs at least this many frames carrying the key: with fewer there is no "before" to
+compare "after" with."""
 
 BASELINE_FRACTION = 0.25
-"""Trend checks take their baseline from the first quarter of the run's frames (at least one)."""
+"""DPO accuracy is judged over the last quarter of the run's frames (at least one)."""
+
+TREND_BASELINE = 8
+"""Truncation and the logprob gap take their baseline from the series' first 8 points, and judge the
+points after it (the baseline's own points are not judged: it is not complete before its last one).
+A fixed count, not a fraction of the run, keeps the checks causal: a finding at a step depends on the
+frames up to it only, so live health fires at the step the offline doctor names. Eight is the first
+quarter of a 32-step run; fewer would let one noisy step set the baseline (a median of 4 moves with
+one outlier), more would leave a short run's early rise unjudged."""
 
 TRUNCATION_RISE = 0.1
 """``rollout_truncated_frac`` at least this far (absolute) above its baseline counts as risen: ten

@@ -1,6 +1,11 @@
-"""Trend checks: a series' first or last quarter against the rest (truncation against the token
-budget, the logprob gap, DPO accuracy), and the logprob gap's data. Each counts its series in a first
-pass, so that it keeps a quarter of the series, not the series."""
+"""Trend checks: a series' first points or last quarter against the rest (truncation against the token
+budget, the logprob gap, DPO accuracy), and the logprob gap's data.
+
+Truncation and the logprob gap are causal: their baseline is the series' first ``TREND_BASELINE``
+points, so what they say at a step depends on the frames up to it only, and the live doctor (live
+health) and the offline one name the same steps. DPO accuracy (its last quarter) and the gap's data
+(every step or only some) judge the whole run: they count their series in a first pass, so that they
+keep a quarter of it, not the series."""
 
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ from .thresholds import (
     THROUGHPUT_BASELINE,
     THROUGHPUT_DROP_FRACTION,
     TOKENS_PER_S,
+    TREND_BASELINE,
     TREND_MIN_FRAMES,
     TRUNCATED,
     TRUNCATION_RISE,
@@ -48,14 +54,11 @@ class _Series:
     def __len__(self) -> int:
         return len(self.values)
 
-    def points(self) -> Iterator[tuple[int, float]]:
-        return zip(self.steps, self.values)
-
 
 class _Trend(_Watch):
-    """A trend check: one series (:meth:`value` of a train frame) whose first or last quarter is compared
-    with the rest. The first pass counts the series' points, so the main pass knows where the quarter
-    ends as it goes and keeps that quarter only (8-16 bytes a point), not the series."""
+    """A trend check over the whole run: one series (:meth:`value` of a train frame) whose last quarter
+    is judged. The first pass counts the series' points, so the main pass knows where the quarter
+    begins as it goes and keeps that quarter only (16 bytes a point), not the series."""
 
     counts = True
 
@@ -72,62 +75,85 @@ class _Trend(_Watch):
 
     @property
     def quarter(self) -> int:
-        """The points of the series' baseline (its first ``BASELINE_FRACTION``, at least one)."""
+        """The points of the series' last quarter (``BASELINE_FRACTION`` of them, at least one)."""
         return max(1, math.ceil(self.n * BASELINE_FRACTION))
 
 
-class _LengthBudget(_Trend):
-    def __init__(self, run: _Run) -> None:
-        self.truncation_rise = run.threshold("TRUNCATION_RISE", TRUNCATION_RISE)
-        super().__init__()
-        self.config = run.config
-        self.longest: float | None = None  # the run's longest response (the first pass)
-        self.budget: tuple[int, str] | None = None  # and where it comes from, settled at the main pass
-        self.first: array.array[float] = array.array("d")  # the baseline's values
+class _Baselined(_Watch):
+    """A causal trend check: one series (:meth:`value` of a train frame) whose first ``TREND_BASELINE``
+    points are its baseline; each later point is judged against it as it comes. The points of the
+    baseline are not judged (the baseline is not complete before its last one), so a finding at a step
+    depends on the frames up to that step only: the live and the offline doctor name the same steps."""
+
+    def __init__(self) -> None:
+        self.first: array.array[float] = array.array("d")  # the baseline's values, while it fills
+        self.known = False  # the baseline is complete
         self.base = 0.0
         self.risen = array.array("q")
         self.peak = -math.inf
 
     def value(self, frame: Frame) -> float | None:
-        return _number(frame.metrics.get(TRUNCATED))
+        raise NotImplementedError
 
-    def count(self, frame: Frame) -> None:
-        super().count(frame)
-        length = _number(frame.metrics.get(LEN_MAX))
-        if length is not None:
-            self.longest = length if self.longest is None else max(self.longest, length)
+    def baseline(self, values: array.array[float]) -> None:
+        """Settle the baseline from its ``TREND_BASELINE`` values."""
+        raise NotImplementedError
 
-    def _budget(self, longest: float) -> tuple[int, str]:
-        budget, where = config_int(self.config, BUDGET_CONFIG_NAMES, prefer="rollout")
-        if budget is None:
-            return int(longest), f"the run's longest response ({where}; set rollout/max_tokens in the config to be exact)"
-        return budget, where
+    def judge(self, frame: Frame, value: float) -> bool:
+        """Whether a point after the baseline has risen."""
+        raise NotImplementedError
 
     def see(self, frame: Frame) -> None:
         value = self.value(frame)
-        if value is None or self.n < TREND_MIN_FRAMES or self.longest is None:
+        if value is None:
             return
-        if self.budget is None:
-            self.budget = self._budget(self.longest)
-        self.i += 1
-        if self.i <= self.quarter:
+        if not self.known:
             self.first.append(value)
-            if self.i == self.quarter:
-                self.base = statistics.fmean(self.first)
-                self.first = array.array("d")
+            if len(self.first) == TREND_BASELINE:
+                self.baseline(self.first)
+                self.known, self.first = True, array.array("d")
             return
-        length = _number(frame.metrics.get(LEN_MAX))
-        if value >= self.base + self.truncation_rise and length is not None and length >= self.budget[0]:
+        if self.judge(frame, value):
             self.risen.append(frame.step)
             self.peak = max(self.peak, value)
+
+
+class _LengthBudget(_Baselined):
+    def __init__(self, run: _Run) -> None:
+        self.truncation_rise = run.threshold("TRUNCATION_RISE", TRUNCATION_RISE)
+        super().__init__()
+        budget, where = config_int(run.config, BUDGET_CONFIG_NAMES, prefer="rollout")
+        self.configured = budget is not None
+        self.where = where
+        # the budget: the config's, else the longest response so far (settled as the frames come)
+        self.budget: float | None = float(budget) if budget is not None else None
+
+    def value(self, frame: Frame) -> float | None:
+        return _number(frame.metrics.get(TRUNCATED))
+
+    def see(self, frame: Frame) -> None:
+        length = _number(frame.metrics.get(LEN_MAX))
+        if length is not None and not self.configured:
+            self.budget = length if self.budget is None else max(self.budget, length)
+        super().see(frame)
+
+    def baseline(self, values: array.array[float]) -> None:
+        self.base = statistics.fmean(values)
+
+    def judge(self, frame: Frame, value: float) -> bool:
+        length = _number(frame.metrics.get(LEN_MAX))
+        return (value >= self.base + self.truncation_rise and length is not None and self.budget is not None
+                and length >= self.budget)
 
     def hits(self) -> Iterator[_Hit]:
         if not self.risen or self.budget is None:
             return
-        budget, where = self.budget
+        budget = int(self.budget)
+        where = (self.where if self.configured else
+                 f"the run's longest response so far ({self.where}; set rollout/max_tokens in the config to be exact)")
         yield _Hit(
             self.risen,
-            f"rollout_truncated_frac rose from {_fmt(self.base)} (first {BASELINE_FRACTION:.0%} of steps) to up "
+            f"rollout_truncated_frac rose from {_fmt(self.base)} (its first {TREND_BASELINE} steps) to up "
             f"to {_fmt(self.peak)} with response_len_max pinned at the budget {budget} (from {where}): responses "
             "are running into the token budget, and each cut completion is scored on an unfinished answer",
             "raise rollout.max_tokens, add a length penalty, or mask cut completions out of the loss "
@@ -136,44 +162,24 @@ class _LengthBudget(_Trend):
         )
 
 
-class _LogprobGapRising(_Trend):
+class _LogprobGapRising(_Baselined):
     def __init__(self, run: _Run) -> None:
         self.gap_rise_factor = run.threshold("GAP_RISE_FACTOR", GAP_RISE_FACTOR)
         self.gap_rise_min = run.threshold("GAP_RISE_MIN", GAP_RISE_MIN)
         super().__init__()
-        self.first = _Series()  # the baseline's points, until the baseline is known
         self.floor = math.inf
-        self.base = 0.0
-        self.risen = array.array("q")
-        self.peak = -math.inf
 
     def value(self, frame: Frame) -> float | None:
         # a gap over no tokens (a count of 0) is no measurement; a gap without a count is one
         value, count = _number(frame.metrics.get(GAP_MEAN)), _number(frame.metrics.get(GAP_COUNT))
         return value if count is None or count > 0 else None
 
-    def see(self, frame: Frame) -> None:
-        value = self.value(frame)
-        if value is None or self.n < TREND_MIN_FRAMES:
-            return
-        self.i += 1
-        if self.i < self.quarter:
-            self.first.add(frame.step, value)
-            return
-        if self.i == self.quarter:  # the baseline is known: judge its own points, then the rest as they come
-            self.first.add(frame.step, value)
-            self.base = statistics.median(self.first.values)
-            self.floor = max(self.gap_rise_factor * self.base, self.base + self.gap_rise_min)
-            for step, v in self.first.points():
-                self._judge(step, v)
-            self.first = _Series()
-            return
-        self._judge(frame.step, value)
+    def baseline(self, values: array.array[float]) -> None:
+        self.base = statistics.median(values)
+        self.floor = max(self.gap_rise_factor * self.base, self.base + self.gap_rise_min)
 
-    def _judge(self, step: int, value: float) -> None:
-        if value >= self.floor:
-            self.risen.append(step)
-            self.peak = max(self.peak, value)
+    def judge(self, frame: Frame, value: float) -> bool:
+        return value >= self.floor
 
     def hits(self) -> Iterator[_Hit]:
         if not self.risen:

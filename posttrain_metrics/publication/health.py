@@ -22,14 +22,11 @@ Where the live and the offline doctor can differ, precisely:
 - :data:`CLOSE_ONLY` checks judge the whole run (DPO accuracy over the last quarter, the logprob gap's
   data over every step) or the record itself (a torn line, a gap, the end record): they are published
   at the close, with the offline doctor's finding, never live;
-- :data:`LIVE_TRENDS` (truncation against the budget, the logprob gap) compare a series with its
-  baseline, offline its first quarter, which only a finished run knows; live the baseline is the first
-  :data:`LIVE_BASELINE` points (a run of ``4 * LIVE_BASELINE`` points has the same baseline both
-  ways). Live, ``length_budget`` needs the budget in the config (offline it falls back to the run's
-  longest response). A live trend finding the offline doctor does not confirm stays in the findings
-  file (it was published) and is absent from the ``close`` line, which is the run's verdict;
-- every other check is the same watch over the same frames in the same order: the live finding is
-  the offline one as it stood at the frame it fired, and the ``close`` line holds it whole.
+- every other check is the same watch over the same frames in the same order, and causal (what it
+  says at a step depends on the frames up to it only; the trend checks of truncation and the logprob
+  gap take their baseline from their series' first ``TREND_BASELINE`` points, not from a quarter of
+  the run): the live finding is the offline one as it stood at the frame it fired, fired at the first
+  step the offline doctor names or the next frame, and the ``close`` line holds it whole.
 
 An action per check (:func:`parse_health`, the callback's ``health:`` config): ``warn`` (publish it),
 ``stop`` (publish it and stop the run: :func:`stop_path` is written, and the trainer's
@@ -55,12 +52,11 @@ from ..core.frame import Frame
 from ..core.log import get_logger
 from ..core.warn import warn
 from ..doctor import CHECKS, TUNABLE, Doctor, Finding, Severity, run_checks, step_ranges
-from ..doctor.thresholds import BUDGET_CONFIG_NAMES
 from ..integrations.base import Sink
 from ..journal.format import RunFile
 from .replica import Replica
 
-__all__ = ["ACTIONS", "CLOSE_ONLY", "LIVE_BASELINE", "LIVE_TRENDS", "LiveHealth", "StopWatch", "check_of",
+__all__ = ["ACTIONS", "CLOSE_ONLY", "LiveHealth", "StopWatch", "check_of",
            "config_path", "findings_path", "parse_health", "parse_thresholds", "read_findings", "read_thresholds",
            "replay_findings", "stop_code", "stop_path", "write_health_config"]
 
@@ -69,13 +65,6 @@ ACTIONS = ("warn", "stop", "off")
 
 CLOSE_ONLY = frozenset({"dpo_accuracy_flat", "logprob_gap_no_data", "journal_integrity", "journal_gap", "run_end"})
 """Checks that judge the whole run or the record itself: published at the close only."""
-
-LIVE_TRENDS = frozenset({"length_budget", "logprob_gap_rising"})
-"""Trend checks whose live form takes a fixed baseline (:data:`LIVE_BASELINE` points)."""
-
-LIVE_BASELINE = 8
-"""Live, a trend check's baseline is its series' first 8 points (offline: the first quarter). Eight
-is the offline baseline of a 32-step run; fewer would make one noisy step the baseline."""
 
 _IDS = tuple(check.id for check in CHECKS)
 
@@ -311,17 +300,7 @@ class LiveHealth:
     def _start(self, header: Mapping[str, Any]) -> None:
         run = _LiveJournal(self.journal, header).journal
         checks = [c for c in CHECKS if c.id not in CLOSE_ONLY and self.actions.get(c.id) != "off"]
-        if "length_budget" in {c.id for c in checks}:
-            from ..doctor import config_int
-
-            if config_int(run.config, BUDGET_CONFIG_NAMES, prefer="rollout")[0] is None:
-                checks = [c for c in checks if c.id != "length_budget"]  # the budget is the run's longest: at close
         self.doctor = Doctor(run, checks, self.thresholds)
-        for check, watch in zip(self.doctor.checks, self.doctor.watches):
-            if check.id in LIVE_TRENDS:
-                watch.n = 4 * LIVE_BASELINE  # type: ignore[attr-defined]  # quarter == LIVE_BASELINE
-                if hasattr(watch, "longest"):
-                    watch.longest = 0.0  # the budget comes from the config (checked above)
         self.pending = list(zip(self.doctor.checks, self.doctor.watches))
 
     def see(self, frame: Frame, replicas: Sequence[Any] | None = None) -> None:
