@@ -99,3 +99,18 @@ def test_a_tracker_sink_keeps_the_options_it_was_built_with(tmp_path: Path, monk
         pass
 
     assert Mine(log_dir="tb").to_config() is None
+
+
+def test_a_tracker_sink_built_directly_is_rebuilt_with_its_default_paths(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A path option left at its constructor default (MLflow's store in ``runs/``) goes into the config
+    made absolute, as a given one does: the factory's own default (the working directory) would put the
+    publisher process's store elsewhere than the same sink writes in the training process."""
+    monkeypatch.chdir(tmp_path)
+    from posttrain_metrics.integrations.mlflow import MlflowSink
+
+    config = MlflowSink(experiment_name="e").to_config()
+    assert config == {"type": "mlflow", "experiment_name": "e", "dir": os.path.join(str(tmp_path), "runs")}
+    rebuilt = build_sink(config)
+    assert isinstance(rebuilt, MlflowSink) and rebuilt.dir == tmp_path / "runs"
+

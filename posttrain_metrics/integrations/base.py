@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import inspect
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -184,16 +185,29 @@ class Sink:
 
     def to_config(self) -> dict[str, Any] | None:
         """This sink as a config the publisher process rebuilds it from: ``{"type": config_type,
-        **options}`` with path options absolute; ``None`` (it is fed in the training process) for a sink
-        whose own class names no ``config_type`` (a subclass of a tracker sink is not the class the
-        factory builds) or that was given positional arguments."""
+        **options}`` with path options absolute (one left at its constructor's default included);
+        ``None`` (it is fed in the training process) for a sink whose own class names no ``config_type``
+        (a subclass of a tracker sink is not the class the factory builds) or that was given positional
+        arguments."""
         if type(self).__dict__.get("config_type") is None or self._positional:
             return None
         config: dict[str, Any] = {"type": self.config_type, **self.options}
         for key in self.path_options:
-            if config.get(key) is not None:
-                config[key] = os.path.abspath(os.fspath(config[key]))
+            # A path left at the constructor's default (MLflow's ``runs``) is sent too: the factory's own
+            # default for it (the working directory) would put the publisher's files elsewhere.
+            value = config[key] if key in config else _default(type(self), key)
+            if value is not None:
+                config[key] = os.path.abspath(os.fspath(value))
         return config
+
+
+def _default(cls: type, option: str) -> Any:
+    """The default of ``cls``'s constructor option ``option``; ``None`` when it has none."""
+    try:
+        parameter = inspect.signature(cls).parameters.get(option)
+    except (TypeError, ValueError):
+        return None
+    return None if parameter is None or parameter.default is parameter.empty else parameter.default
 
 
 _HOOKS = ("ready", "end_batch", "write_samples", "attach", "held_points", "run_handles", "run_settings",
