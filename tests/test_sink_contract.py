@@ -114,3 +114,48 @@ def test_a_tracker_sink_built_directly_is_rebuilt_with_its_default_paths(
     rebuilt = build_sink(config)
     assert isinstance(rebuilt, MlflowSink) and rebuilt.dir == tmp_path / "runs"
 
+
+
+class FirstContract(Sink):
+    """A subclass written to the first contract: ``close(*, failed=False)``, nothing else."""
+
+    name = "first"
+
+    def __init__(self) -> None:
+        self.closes: list[bool] = []
+
+    def start(self, run: Any) -> None:
+        pass
+
+    def write(self, frame: Frame) -> None:
+        pass
+
+    def close(self, *, failed: bool = False) -> None:  # type: ignore[override]  # the first contract
+        self.closes.append(failed)
+
+
+class Ending(Plain):
+    """A plain object whose close takes the run's end as the package's sinks do."""
+
+    name = "ending"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ends: list[tuple[bool, bool, str]] = []
+
+    def close(self, *, failed: bool = False, killed: bool = False, reason: str = "") -> None:  # type: ignore[override]
+        self.ends.append((failed, killed, reason))
+
+
+@pytest.mark.parametrize("status", ["finished", "failed", "interrupted", "killed"])
+def test_every_sink_is_closed_with_the_end_its_close_takes(tmp_path: Path, status: str) -> None:
+    first, ending = FirstContract(), Ending()
+    pub = Publisher([JournalSink(tmp_path / "journal.jsonl"), first, ending], adapters="trainer", mode="inline")
+    pub.start({})
+    pub.publish(Frame(1, {"optim/grad_norm": 1.5}, "train", 1.0))
+    pub.close(status=status, reason="" if status == "finished" else "RuntimeError: boom")
+    failed = status != "finished"
+    assert pub.failures == {}
+    assert first.closes == [failed]
+    assert ending.ends == [(failed, status == "killed", "RuntimeError: boom" if failed else "")]
+

@@ -124,7 +124,8 @@ class Sink:
               reason: str = "") -> None:
         """End the run: ``failed`` for any end but a finished run; ``killed`` (a run that never closed,
         replayed) or ``interrupted`` (Ctrl-C) say which, and ``reason`` why (the exception's type and
-        message, redacted). Idempotent."""
+        message, redacted). Idempotent. An override that takes ``failed`` only (the first contract) is
+        called with ``failed`` only (:func:`end_keywords`)."""
         raise NotImplementedError(f"{type(self).__name__}.close")
 
     # -- optional hooks: each default does nothing --------------------------------------------------
@@ -210,6 +211,23 @@ def _default(cls: type, option: str) -> Any:
     return None if parameter is None or parameter.default is parameter.empty else parameter.default
 
 
+_END = ("killed", "interrupted", "reason")
+
+
+def end_keywords(close: Any, *, failed: bool, killed: bool = False, interrupted: bool = False,
+                 reason: str = "") -> dict[str, Any]:
+    """The keywords to call ``close`` with for a run's end: ``failed`` always; ``killed``,
+    ``interrupted`` and ``reason`` when set and ``close`` takes them. A close written to the first
+    contract, ``close(*, failed=False)``, is still called (it gets the nearest end, failed)."""
+    try:
+        parameters = list(inspect.signature(close).parameters.values())
+    except (TypeError, ValueError):
+        parameters = []
+    takes = set(_END) if any(p.kind is p.VAR_KEYWORD for p in parameters) else {p.name for p in parameters}
+    given = {"killed": killed, "interrupted": interrupted, "reason": reason}
+    return {"failed": failed, **{k: v for k, v in given.items() if v and k in takes}}
+
+
 _HOOKS = ("ready", "end_batch", "write_samples", "attach", "held_points", "run_handles", "run_settings",
           "set_total_steps", "add_note", "to_config", "inline", "raw_frames")
 
@@ -230,7 +248,8 @@ class _Plain(Sink):
 
     def close(self, *, failed: bool = False, killed: bool = False, interrupted: bool = False,
               reason: str = "") -> None:
-        self.inner.close(failed=failed)  # it takes failed only: killed and interrupted are failed ends
+        self.inner.close(**end_keywords(self.inner.close, failed=failed, killed=killed, interrupted=interrupted,
+                                        reason=reason))
 
 
 def as_sink(obj: object) -> Sink:
