@@ -159,3 +159,10 @@ def test_every_sink_is_closed_with_the_end_its_close_takes(tmp_path: Path, statu
     assert first.closes == [failed]
     assert ending.ends == [(failed, status == "killed", "RuntimeError: boom" if failed else "")]
 
+
+
+@pytest.mark.parametrize("hook", ["show_links", "write_finding"])
+def test_a_plain_object_with_a_hook_of_the_closing_or_of_live_health_is_refused(hook: str) -> None:
+    kind = type("Hooked", (Plain,), {hook: lambda self, arg: None})
+    with pytest.raises(MetricsError, match=rf"defines \['{hook}'\] .* fix: class Hooked\(Sink\)"):
+        as_sink(kind())

@@ -229,7 +229,7 @@ def end_keywords(close: Any, *, failed: bool, killed: bool = False, interrupted:
 
 
 _HOOKS = ("ready", "end_batch", "write_samples", "attach", "held_points", "run_handles", "run_settings",
-          "set_total_steps", "add_note", "to_config", "inline", "raw_frames")
+          "set_total_steps", "add_note", "show_links", "write_finding", "to_config", "inline", "raw_frames")
 
 
 class _Plain(Sink):
