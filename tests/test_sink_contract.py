@@ -166,3 +166,13 @@ def test_a_plain_object_with_a_hook_of_the_closing_or_of_live_health_is_refused(
     kind = type("Hooked", (Plain,), {hook: lambda self, arg: None})
     with pytest.raises(MetricsError, match=rf"defines \['{hook}'\] .* fix: class Hooked\(Sink\)"):
         as_sink(kind())
+
+
+def test_every_optional_hook_of_the_base_class_is_refused_on_a_plain_object() -> None:
+    """A hook added to :class:`Sink` and not to the list ``as_sink`` checks would be silently ignored on
+    a plain object: each public method and setting of the base class but the three required is on it."""
+    from posttrain_metrics.integrations import base
+
+    defined = {name for name, value in vars(Sink).items() if not name.startswith("_")
+               and (callable(value) or name in ("inline", "raw_frames"))}
+    assert defined - {"start", "write", "close"} == set(base._HOOKS)
