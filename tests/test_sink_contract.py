@@ -99,3 +99,80 @@ def test_a_tracker_sink_keeps_the_options_it_was_built_with(tmp_path: Path, monk
         pass
 
     assert Mine(log_dir="tb").to_config() is None
+
+
+def test_a_tracker_sink_built_directly_is_rebuilt_with_its_default_paths(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A path option left at its constructor default (MLflow's store in ``runs/``) goes into the config
+    made absolute, as a given one does: the factory's own default (the working directory) would put the
+    publisher process's store elsewhere than the same sink writes in the training process."""
+    monkeypatch.chdir(tmp_path)
+    from posttrain_metrics.integrations.mlflow import MlflowSink
+
+    config = MlflowSink(experiment_name="e").to_config()
+    assert config == {"type": "mlflow", "experiment_name": "e", "dir": os.path.join(str(tmp_path), "runs")}
+    rebuilt = build_sink(config)
+    assert isinstance(rebuilt, MlflowSink) and rebuilt.dir == tmp_path / "runs"
+
+
+
+class FirstContract(Sink):
+    """A subclass written to the first contract: ``close(*, failed=False)``, nothing else."""
+
+    name = "first"
+
+    def __init__(self) -> None:
+        self.closes: list[bool] = []
+
+    def start(self, run: Any) -> None:
+        pass
+
+    def write(self, frame: Frame) -> None:
+        pass
+
+    def close(self, *, failed: bool = False) -> None:  # type: ignore[override]  # the first contract
+        self.closes.append(failed)
+
+
+class Ending(Plain):
+    """A plain object whose close takes the run's end as the package's sinks do."""
+
+    name = "ending"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ends: list[tuple[bool, bool, str]] = []
+
+    def close(self, *, failed: bool = False, killed: bool = False, reason: str = "") -> None:  # type: ignore[override]
+        self.ends.append((failed, killed, reason))
+
+
+@pytest.mark.parametrize("status", ["finished", "failed", "interrupted", "killed"])
+def test_every_sink_is_closed_with_the_end_its_close_takes(tmp_path: Path, status: str) -> None:
+    first, ending = FirstContract(), Ending()
+    pub = Publisher([JournalSink(tmp_path / "journal.jsonl"), first, ending], adapters="trainer", mode="inline")
+    pub.start({})
+    pub.publish(Frame(1, {"optim/grad_norm": 1.5}, "train", 1.0))
+    pub.close(status=status, reason="" if status == "finished" else "RuntimeError: boom")
+    failed = status != "finished"
+    assert pub.failures == {}
+    assert first.closes == [failed]
+    assert ending.ends == [(failed, status == "killed", "RuntimeError: boom" if failed else "")]
+
+
+
+@pytest.mark.parametrize("hook", ["show_links", "write_finding"])
+def test_a_plain_object_with_a_hook_of_the_closing_or_of_live_health_is_refused(hook: str) -> None:
+    kind = type("Hooked", (Plain,), {hook: lambda self, arg: None})
+    with pytest.raises(MetricsError, match=rf"defines \['{hook}'\] .* fix: class Hooked\(Sink\)"):
+        as_sink(kind())
+
+
+def test_every_optional_hook_of_the_base_class_is_refused_on_a_plain_object() -> None:
+    """A hook added to :class:`Sink` and not to the list ``as_sink`` checks would be silently ignored on
+    a plain object: each public method and setting of the base class but the three required is on it."""
+    from posttrain_metrics.integrations import base
+
+    defined = {name for name, value in vars(Sink).items() if not name.startswith("_")
+               and (callable(value) or name in ("inline", "raw_frames"))}
+    assert defined - {"start", "write", "close"} == set(base._HOOKS)

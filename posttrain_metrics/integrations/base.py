@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import inspect
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -123,7 +124,8 @@ class Sink:
               reason: str = "") -> None:
         """End the run: ``failed`` for any end but a finished run; ``killed`` (a run that never closed,
         replayed) or ``interrupted`` (Ctrl-C) say which, and ``reason`` why (the exception's type and
-        message, redacted). Idempotent."""
+        message, redacted). Idempotent. An override that takes ``failed`` only (the first contract) is
+        called with ``failed`` only (:func:`end_keywords`)."""
         raise NotImplementedError(f"{type(self).__name__}.close")
 
     # -- optional hooks: each default does nothing --------------------------------------------------
@@ -184,20 +186,50 @@ class Sink:
 
     def to_config(self) -> dict[str, Any] | None:
         """This sink as a config the publisher process rebuilds it from: ``{"type": config_type,
-        **options}`` with path options absolute; ``None`` (it is fed in the training process) for a sink
-        whose own class names no ``config_type`` (a subclass of a tracker sink is not the class the
-        factory builds) or that was given positional arguments."""
+        **options}`` with path options absolute (one left at its constructor's default included);
+        ``None`` (it is fed in the training process) for a sink whose own class names no ``config_type``
+        (a subclass of a tracker sink is not the class the factory builds) or that was given positional
+        arguments."""
         if type(self).__dict__.get("config_type") is None or self._positional:
             return None
         config: dict[str, Any] = {"type": self.config_type, **self.options}
         for key in self.path_options:
-            if config.get(key) is not None:
-                config[key] = os.path.abspath(os.fspath(config[key]))
+            # A path left at the constructor's default (MLflow's ``runs``) is sent too: the factory's own
+            # default for it (the working directory) would put the publisher's files elsewhere.
+            value = config[key] if key in config else _default(type(self), key)
+            if value is not None:
+                config[key] = os.path.abspath(os.fspath(value))
         return config
 
 
+def _default(cls: type, option: str) -> Any:
+    """The default of ``cls``'s constructor option ``option``; ``None`` when it has none."""
+    try:
+        parameter = inspect.signature(cls).parameters.get(option)
+    except (TypeError, ValueError):
+        return None
+    return None if parameter is None or parameter.default is parameter.empty else parameter.default
+
+
+_END = ("killed", "interrupted", "reason")
+
+
+def end_keywords(close: Any, *, failed: bool, killed: bool = False, interrupted: bool = False,
+                 reason: str = "") -> dict[str, Any]:
+    """The keywords to call ``close`` with for a run's end: ``failed`` always; ``killed``,
+    ``interrupted`` and ``reason`` when set and ``close`` takes them. A close written to the first
+    contract, ``close(*, failed=False)``, is still called (it gets the nearest end, failed)."""
+    try:
+        parameters = list(inspect.signature(close).parameters.values())
+    except (TypeError, ValueError):
+        parameters = []
+    takes = set(_END) if any(p.kind is p.VAR_KEYWORD for p in parameters) else {p.name for p in parameters}
+    given = {"killed": killed, "interrupted": interrupted, "reason": reason}
+    return {"failed": failed, **{k: v for k, v in given.items() if v and k in takes}}
+
+
 _HOOKS = ("ready", "end_batch", "write_samples", "attach", "held_points", "run_handles", "run_settings",
-          "set_total_steps", "add_note", "to_config", "inline", "raw_frames")
+          "set_total_steps", "add_note", "show_links", "write_finding", "to_config", "inline", "raw_frames")
 
 
 class _Plain(Sink):
@@ -216,7 +248,8 @@ class _Plain(Sink):
 
     def close(self, *, failed: bool = False, killed: bool = False, interrupted: bool = False,
               reason: str = "") -> None:
-        self.inner.close(failed=failed)  # it takes failed only: killed and interrupted are failed ends
+        self.inner.close(**end_keywords(self.inner.close, failed=failed, killed=killed, interrupted=interrupted,
+                                        reason=reason))
 
 
 def as_sink(obj: object) -> Sink:

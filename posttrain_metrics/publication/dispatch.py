@@ -34,7 +34,7 @@ from ..core.keys import KeyInfo
 from ..core.log import get_logger
 from ..core.redact import config_tree, flatten_config, redact_text
 from ..core.values import Scalar
-from ..integrations.base import RunInfo, Sink, as_sink, tracker_settings
+from ..integrations.base import RunInfo, Sink, as_sink, end_keywords, tracker_settings
 from ..journal import MAX_HEADER_DEPTH, SAFE_RUN_ID, nesting
 from .display import display_frame, nonfinite_kind
 
@@ -157,9 +157,10 @@ class SinkSet:
     def close_sink(self, sink: Sink, status: str, reason: str) -> None:
         """``sink.close`` with the run's end ``status`` (one of ``finished``, ``failed``, ``interrupted``,
         ``killed``): ``failed`` for any end but ``finished``, and ``killed`` or ``interrupted`` saying which
-        (:meth:`Sink.close <posttrain_metrics.integrations.base.Sink.close>`)."""
-        self.call(sink, "close", failed=status != "finished", killed=status == "killed",
-                  interrupted=status == "interrupted", reason=reason)
+        (:meth:`Sink.close <posttrain_metrics.integrations.base.Sink.close>`), each as far as its ``close``
+        takes it (:func:`~posttrain_metrics.integrations.base.end_keywords`)."""
+        self.call(sink, "close", **end_keywords(sink.close, failed=status != "finished", killed=status == "killed",
+                                                interrupted=status == "interrupted", reason=reason))
 
     def call(self, sink: Sink, method: str, *args: Any, **kwargs: Any) -> bool:
         """``sink.<method>(...)`` with this set's failure policy (logged once, never raised); whether
