@@ -207,3 +207,37 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         report.outcome = "failed"
         report.longrepr = (f"{report.longrepr or ''}\n[tiers] this test is not marked slow but: "
                            + "; ".join(problems) + ". Mark it @pytest.mark.slow (see conftest.py).")
+
+
+class _PackageRecords(__import__("logging").Handler):
+    """Every record of the ``posttrain_metrics`` loggers, in order (:func:`package_log`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[Any] = []
+
+    def emit(self, record: Any) -> None:
+        self.records.append(record)
+
+    @property
+    def messages(self) -> list[str]:
+        return [r.getMessage() for r in self.records]
+
+
+@pytest.fixture
+def package_log() -> Iterator[_PackageRecords]:
+    """The package's log records from INFO up, captured on the ``posttrain_metrics`` logger itself.
+    pytest's ``caplog`` listens on the root logger, whose handlers a library may replace: MLflow 3.5
+    runs alembic's ``fileConfig`` when it creates a SQLite store, which drops every root handler,
+    caplog's among them. A handler on our own logger sees our records whatever the root does."""
+    import logging
+
+    logger = logging.getLogger("posttrain_metrics")
+    handler, level = _PackageRecords(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)

@@ -776,8 +776,7 @@ def test_a_store_of_another_shape_goes_through_log_batch(monkeypatch: pytest.Mon
 
 
 @pytest.mark.parametrize("gone", ["deleted", "removed"])
-def test_a_deleted_or_removed_run_is_rejected_not_retried(tmp_path: Path, gone: str,
-                                                         caplog: pytest.LogCaptureFixture) -> None:
+def test_a_deleted_or_removed_run_is_rejected_not_retried(tmp_path: Path, gone: str, package_log: Any) -> None:
     """A run deleted by hand mid-training (400, "must be in the 'active' state"), or removed for good as
     `mlflow gc` removes it (404, "not found"): the direct write is refused with MLflow's own error, as
     log_batch refuses it, counted in rejected and warned about; nothing is retried, and the sink is
@@ -800,12 +799,12 @@ def test_a_deleted_or_removed_run_is_rejected_not_retried(tmp_path: Path, gone: 
         sink.close()
     assert sink.rejected == 1 and sink.unconfirmed == 0 and not sink.degraded
     said = "active" if gone == "deleted" else "not found"
-    assert any("rejected the batch of steps 2" in m and said in m for m in caplog.messages), caplog.messages
+    assert any("rejected the batch of steps 2" in m and said in m for m in package_log.messages), package_log.messages
     if gone == "deleted":
         assert [m.step for m in client.get_metric_history(sink.run_id, "train/loss_avg")] == [1]
 
 
-def test_a_degraded_sink_is_a_log_record_not_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_degraded_sink_is_a_log_record_not_a_warning(tmp_path: Path, package_log: Any) -> None:
     """A store that fails and comes back is the run's state, not a misuse to fix: the sink says so on the
     ``posttrain_metrics.integrations.mlflow`` logger (WARNING when degraded, INFO when it answers again),
     once each, and raises no warning; every frame still lands once."""
@@ -813,7 +812,6 @@ def test_a_degraded_sink_is_a_log_record_not_a_warning(tmp_path: Path, caplog: p
 
     from posttrain_metrics.core.warn import PosttrainMetricsWarning
 
-    caplog.set_level(logging.INFO, logger="posttrain_metrics")
     sink = MlflowSink(dir=tmp_path, experiment_name="degraded", drain_timeout=30)
     sink.start(run_info())
     assert sink._direct is not None
@@ -842,7 +840,7 @@ def test_a_degraded_sink_is_a_log_record_not_a_warning(tmp_path: Path, caplog: p
         assert not sink.degraded
         sink.close()
     assert not [str(w.message) for w in caught if issubclass(w.category, PosttrainMetricsWarning)]
-    ours = [(r.name, r.levelname, r.getMessage()) for r in caplog.records if r.name.startswith("posttrain_metrics")]
+    ours = [(r.name, r.levelname, r.getMessage()) for r in package_log.records]
     assert [(name, level) for name, level, _ in ours] == [("posttrain_metrics.integrations.mlflow", "WARNING"),
                                                           ("posttrain_metrics.integrations.mlflow", "INFO")], ours
     assert "disk I/O error" in ours[0][2] and "the sink is degraded" in ours[0][2], ours
