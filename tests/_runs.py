@@ -6,12 +6,13 @@ tested on exactly what the core publishes.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import random
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -366,3 +367,42 @@ def need(module: str, extra: str) -> Any:
         return importlib.import_module(module)
     except ImportError as exc:
         pytest.fail(f"{module} is missing ({exc}); fix: pip install 'posttrain-metrics[{extra}]'", pytrace=False)
+
+
+COLLECTIVES = (
+    "all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor", "all_gather_single",
+    "all_gather_object",
+    "broadcast", "broadcast_object_list", "barrier", "monitored_barrier", "reduce", "reduce_scatter",
+    "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "gather", "gather_object", "scatter",
+    "scatter_object_list", "send", "recv", "isend", "irecv", "batch_isend_irecv",
+)
+"""Every torch.distributed call that talks to other ranks."""
+
+
+@contextlib.contextmanager
+def counting_collectives(calls: list[str]) -> Iterator[None]:
+    """Append the name of every collective call to ``calls`` while inside: each function of
+    :data:`COLLECTIVES` is wrapped in ``torch.distributed`` and ``distributed_c10d`` (one wrapper per
+    function, so a call through either name counts once), and put back on the way out."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+
+    originals: dict[tuple[Any, str], Any] = {}
+    for module in (dist, distributed_c10d):
+        for name in COLLECTIVES:
+            original = getattr(module, name, None)
+            if original is None:
+                continue
+            target = getattr(distributed_c10d, name, original)
+
+            def counted(*args: Any, __name: str = name, __fn: Any = target, **kwargs: Any) -> Any:
+                calls.append(__name)
+                return __fn(*args, **kwargs)
+
+            originals[(module, name)] = original
+            setattr(module, name, counted)
+    try:
+        yield
+    finally:
+        for (module, name), original in originals.items():
+            setattr(module, name, original)

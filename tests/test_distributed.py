@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 import torch.multiprocessing as mp
+from _runs import counting_collectives
 
 from posttrain_metrics import (
     Metric,
@@ -43,14 +44,6 @@ WORLD_SIZES = (2, 4)
 GLOO_TIMEOUT_S = 30
 PARENT_DEADLINE_S = 240
 GRPO_STEP = ["grpo", "reward", "trainer"]
-COLLECTIVES = (
-    "all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor", "all_gather_single",
-    "all_gather_object",
-    "broadcast", "broadcast_object_list", "barrier", "monitored_barrier", "reduce", "reduce_scatter",
-    "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "gather", "gather_object", "scatter",
-    "scatter_object_list", "send", "recv", "isend", "irecv", "batch_isend_irecv",
-)
-
 STAGES = MetricAdapter(
     "stages",
     internal_prefix="stage_",
@@ -136,26 +129,9 @@ def scenario_equal(rank: int, world: int) -> Any:
 
 
 def scenario_count(rank: int, world: int) -> Any:
-    import torch.distributed as dist
-    from torch.distributed import distributed_c10d
-
     adapters = [*(get_adapter(n) for n in GRPO_STEP), STAGES]
     calls: list[str] = []
-    originals: dict[tuple[Any, str], Any] = {}
-    for module in (dist, distributed_c10d):
-        for name in COLLECTIVES:
-            original = getattr(module, name, None)
-            if original is None:
-                continue
-            target = getattr(distributed_c10d, name, original)  # one wrapper per function, counted once
-
-            def counted(*args: Any, __name: str = name, __fn: Any = target, **kwargs: Any) -> Any:
-                calls.append(__name)
-                return __fn(*args, **kwargs)
-
-            originals[(module, name)] = original
-            setattr(module, name, counted)
-    try:
+    with counting_collectives(calls):
         reducer = MetricReducer(adapters)
         per_step: list[list[str]] = []
         frames = []
@@ -165,9 +141,6 @@ def scenario_count(rank: int, world: int) -> Any:
             before = len(calls)
             frames.append(dict(reducer.reduce(step).metrics))
             per_step.append(calls[before:])
-    finally:
-        for (module, name), original in originals.items():
-            setattr(module, name, original)
     return {"per_step": per_step, "frames": frames, "keys": sum(len(a.metrics) for a in adapters)}
 
 

@@ -9,7 +9,6 @@ perf on and off: the same.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import os
 import traceback
@@ -17,16 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _runs import run_ranks
+from _runs import counting_collectives, run_ranks
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # slow: spawns gloo ranks
 
 GLOO_TIMEOUT_S = 30
 PARENT_DEADLINE_S = 240
-COLLECTIVES = ("all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_single", "all_gather_into_tensor", "all_gather_object", "broadcast",
-               "broadcast_object_list", "barrier", "reduce", "gather", "gather_object", "reduce_scatter")
-
-
 class Clock:
     """A training clock the test moves by hand."""
 
@@ -61,7 +56,6 @@ def generation_s(rank: int, step: int) -> float:
 
 
 def _scenario(rank: int, world: int, out_dir: str) -> dict[str, Any]:
-    import torch.distributed as dist
 
     from posttrain_metrics.callbacks import MetricsCallback
     from posttrain_metrics.core.throughput import Throughput
@@ -72,31 +66,6 @@ def _scenario(rank: int, world: int, out_dir: str) -> dict[str, Any]:
                          perf=Throughput(clock=clock, timers=["scoring_only_on_rank0"], memory=True,
                                          params=PARAMS, peak_flops=peak(rank)))
     calls: list[str] = []
-
-    @contextlib.contextmanager
-    def counting() -> Any:
-        """Count every collective call (patched in torch.distributed and distributed_c10d)."""
-        from torch.distributed import distributed_c10d
-
-        originals: dict[tuple[Any, str], Any] = {}
-        for module in (dist, distributed_c10d):
-            for name in COLLECTIVES:
-                original = getattr(module, name, None)
-                if original is None:
-                    continue
-                target = getattr(distributed_c10d, name, original)
-
-                def counted(*args: Any, __name: str = name, __fn: Any = target, **kwargs: Any) -> Any:
-                    calls.append(__name)
-                    return __fn(*args, **kwargs)
-
-                originals[(module, name)] = original
-                setattr(module, name, counted)
-        try:
-            yield
-        finally:
-            for (module, name), original in originals.items():
-                setattr(module, name, original)
 
     frames = []
     with cb:
@@ -112,7 +81,7 @@ def _scenario(rank: int, world: int, out_dir: str) -> dict[str, Any]:
             cb.on_chunk_end({"grpo_valid_token_count": tokens(rank, step), "rollout_count": rollouts(rank, step)})
             clock.t = begin + window_s(rank, step)
             before = len(calls)
-            with counting():
+            with counting_collectives(calls):
                 frames.append(dict(cb.on_window_end(step).metrics))
             counts = calls[before:]
         # the same window without perf: the collectives it makes
@@ -122,7 +91,7 @@ def _scenario(rank: int, world: int, out_dir: str) -> dict[str, Any]:
         plain.on_window_end(1)  # the first reduce of a reducer adds its one handshake
         plain.on_chunk_end({"grpo_valid_token_count": 1, "rollout_count": 1})
         before = len(calls)
-        with counting():
+        with counting_collectives(calls):
             plain.on_window_end(2)
         plain_counts = calls[before:]
         plain.on_run_end()
